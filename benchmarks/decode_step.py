@@ -1,0 +1,113 @@
+"""Decode step time of our engine vs transformers, beside the memory-bandwidth bound.
+
+A decode step must read every weight once, so ``weight bytes / memory bandwidth`` bounds its time
+from below at small batch. The bandwidth is measured in the same run by a large tensor copy.
+"""
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from pdserve.engine.llm import LLM
+from pdserve.engine.sampling_params import SamplingParams
+
+COPY_BYTES = 1 << 30
+PROMPT_LEN = 128
+WARMUP_STEPS = 3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=Path("models/small"))
+    parser.add_argument("--preset", default="small", help="made into --model when it is missing")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtype", default="float32")
+
+
+def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """Bytes moved per second (read + write) by ``dst.copy_(src)``, best of ``repeats``."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def ours_step_seconds(llm: LLM, batch: int, steps: int) -> float:
+    """Median wall time of one engine step (schedule + model + sample) with ``batch`` decodes."""
+    engine = llm.engine
+    vocab = engine.model_config.vocab_size
+    g = torch.Generator().manual_seed(batch)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + WARMUP_STEPS + 1, ignore_eos=True)
+    for i in range(batch):
+        prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist()
+        engine.add_request(f"bench-{batch}-{i}", prompt, params)
+    engine.step()  # the prefill of every prompt
+    times = []
+    for i in range(steps + WARMUP_STEPS):
+        start = time.perf_counter()
+        engine.step()
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def hf_step_seconds(model, batch: int, steps: int, vocab: int) -> float:
+    """Median time of one transformers forward with a KV cache, ``batch`` rows of one new token."""
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, vocab, (batch, PROMPT_LEN), generator=g)
+    out = model(input_ids=ids, use_cache=True)
+    cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    times = []
+    for i in range(steps + WARMUP_STEPS):
+        start = time.perf_counter()
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+        cache = out.past_key_values
+    return statistics.median(times)
+
+
+def run(args: argparse.Namespace) -> int:
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    if not (args.model / "config.json").exists():
+        from pdserve.cluster.make_model import make_model
+
+        make_model(args.preset, args.model)
+    llm = LLM(model=args.model, dtype=args.dtype)
+    model = llm.engine.runner.model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = copy_bandwidth()
+    bound = weight_bytes / bandwidth
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=llm.engine.config.torch_dtype
+    ).eval()
+    vocab = llm.engine.model_config.vocab_size
+    print(
+        f"model {args.model} ({weight_bytes / 1e6:.0f} MB of weights, {args.dtype}), "
+        f"{args.threads} threads, prompt {PROMPT_LEN} tokens, median of {args.steps} steps"
+    )
+    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step\n")
+    print("| batch | ours ms/step | of bound | transformers ms/step | of bound | ours / HF speed |")
+    print("|---|---|---|---|---|---|")
+    for batch in args.batch_sizes:
+        ours = ours_step_seconds(llm, batch, args.steps)
+        theirs = hf_step_seconds(hf, batch, args.steps, vocab)
+        print(
+            f"| {batch} | {ours * 1e3:.1f} | {bound / ours:.0%} | {theirs * 1e3:.1f} | "
+            f"{bound / theirs:.0%} | {theirs / ours:.2f}x |"
+        )
+    return 0

@@ -1,0 +1,1 @@
+"""Cluster-level pieces: CLI, config, built-in model maker."""

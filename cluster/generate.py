@@ -1,0 +1,27 @@
+"""Generate offline with the engine: prompts in, completions printed (no cluster)."""
+
+import argparse
+
+from pdserve.engine.llm import LLM
+from pdserve.engine.sampling_params import SamplingParams
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="HF checkpoint directory")
+    parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def run(args: argparse.Namespace) -> int:
+    llm = LLM(model=args.model, dtype=args.dtype)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+    )
+    for output in llm.generate(args.prompt, params):
+        print(f"prompt:  {output.prompt!r}")
+        print(f"output:  {output.text!r}")
+        print(f"tokens:  {len(output.token_ids)}, finish_reason: {output.finish_reason}\n")
+    return 0

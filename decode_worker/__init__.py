@@ -1,0 +1,1 @@
+"""See ../DESIGN §2: decode_worker."""

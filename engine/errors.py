@@ -1,0 +1,13 @@
+"""Errors a request can raise; the HTTP edge maps them onto OpenAI's error envelope."""
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; ``param`` names the offending field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextLengthError(RequestError):
+    """The prompt does not fit the model's context."""

@@ -1,0 +1,80 @@
+"""The offline API, shaped like vLLM's: ``LLM(model=DIR).generate(prompts, SamplingParams())``."""
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.engine.outputs import CompletionOutput, RequestOutput
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str, **engine_args) -> None:
+        self.engine = LLMEngine(EngineConfig(model=str(model), **engine_args))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generates for all prompts (text or token ids) at once; outputs keep their order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(
+                f"got {len(sampling_params)} sampling params for {len(prompts)} prompts"
+            )
+        results: dict[str, RequestOutput] = {}
+        children: dict[
+            str, tuple[str, int]
+        ] = {}  # child request id -> (parent id, completion index)
+        try:
+            for prompt, params in zip(prompts, sampling_params, strict=True):
+                parent_id = str(next(self._ids))
+                for index, child_params in enumerate(_fan_out(params)):
+                    child_id = f"{parent_id}-{index}"
+                    request = self.engine.add_request(child_id, prompt, child_params)
+                    children[child_id] = (parent_id, index)
+                    results.setdefault(
+                        parent_id,
+                        RequestOutput(
+                            parent_id,
+                            request.prompt,
+                            request.prompt_token_ids,
+                            [CompletionOutput(i) for i in range(params.n)],
+                        ),
+                    )
+            while self.engine.has_unfinished_requests():
+                for delta in self.engine.step():
+                    parent_id, index = children[delta.request_id]
+                    results[parent_id].outputs[index].add(delta.outputs[0])
+        except BaseException:
+            for child_id in children:
+                self.engine.abort_request(child_id)
+            raise
+        for output in results.values():
+            output.finished = True
+        return list(results.values())
+
+
+def _fan_out(params: SamplingParams) -> list[SamplingParams]:
+    """n completions become n requests; seeded ones get distinct, reproducible seeds."""
+    if params.n == 1:
+        return [params]
+    return [
+        dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+        for i in range(params.n)
+    ]

@@ -1,0 +1,120 @@
+"""Build the model from an HF checkpoint directory (``model.safetensors`` or a sharded index)."""
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.model import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Checkpoints above this size get a progress bar while loading.
+PROGRESS_MIN_BYTES = 1 << 30
+# HF names of separate projections -> (our fused parameter, shard index); see model.py.
+FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    if (path / INDEX_FILE).is_file():
+        index = json.loads((path / INDEX_FILE).read_text())
+        return [path / name for name in sorted(set(index["weight_map"].values()))]
+    if (path / SINGLE_FILE).is_file():
+        return [path / SINGLE_FILE]
+    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
+
+
+def load_model(
+    path: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> LlamaForCausalLM:
+    """Builds the model without initialising weights, then copies every tensor from the files."""
+    path = Path(path)
+    files = checkpoint_files(path)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, dtype, device)
+    model = model.to_empty(device=device).to(dtype)
+    model.tie_weights()  # to_empty materialises each module separately, which unties them
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    total_bytes = sum(f.stat().st_size for f in files)
+    with tqdm(
+        total=total_bytes,
+        unit="B",
+        unit_scale=True,
+        desc=f"loading {path.name}",
+        disable=total_bytes < PROGRESS_MIN_BYTES,
+    ) as bar:
+        for file in files:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    tensor = f.get_tensor(name)
+                    target = _copy_into(params, name, tensor, config)
+                    if target is not None:
+                        loaded.add(target)
+                    bar.update(tensor.numel() * tensor.element_size())
+    missing = _expected_pieces(params, config) - loaded
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks weights: {', '.join(sorted(missing))}")
+    return model.eval()
+
+
+def _copy_into(
+    params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor, config: ModelConfig
+) -> str | None:
+    """Copies one checkpoint tensor into its (maybe fused) parameter; returns the piece filled."""
+    if "rotary_emb" in name or (name == "lm_head.weight" and config.tie_word_embeddings):
+        return None
+    parts = name.split(".")
+    fused = FUSED.get(parts[-2]) if len(parts) >= 2 else None
+    if fused is None:
+        if name not in params:
+            raise ValueError(f"unexpected weight {name!r} in checkpoint")
+        _checked_copy(params[name], tensor, name)
+        return name
+    fused_name, shard = fused
+    target = ".".join([*parts[:-2], fused_name, parts[-1]])
+    param = params[target]
+    sizes = _shard_sizes(fused_name, config)
+    start = sum(sizes[:shard])
+    _checked_copy(param.data.narrow(0, start, sizes[shard]), tensor, name)
+    return f"{target}[{shard}]"
+
+
+def _expected_pieces(params: dict[str, torch.nn.Parameter], config: ModelConfig) -> set[str]:
+    """Every parameter, with fused ones split into the shards the checkpoint must provide."""
+    pieces = set()
+    for name in params:
+        fused_name = name.split(".")[-2]
+        if fused_name in ("qkv_proj", "gate_up_proj"):
+            pieces.update(f"{name}[{i}]" for i in range(len(_shard_sizes(fused_name, config))))
+        elif not (name == "lm_head.weight" and config.tie_word_embeddings):
+            pieces.add(name)
+    return pieces
+
+
+def _shard_sizes(fused_name: str, config: ModelConfig) -> list[int]:
+    if fused_name == "qkv_proj":
+        kv = config.num_key_value_heads * config.head_dim
+        return [config.num_attention_heads * config.head_dim, kv, kv]
+    return [config.intermediate_size, config.intermediate_size]
+
+
+def _checked_copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(
+            f"weight {name!r} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}"
+        )
+    with torch.no_grad():
+        dst.copy_(src)

@@ -1,0 +1,67 @@
+"""What the engine hands back: per-step deltas that add up to a finished request's output."""
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Logprob(NamedTuple):
+    logprob: float
+    rank: int  # 1 = most likely token
+    decoded_token: str
+
+
+# One generated position: token id -> its logprob (the sampled token plus the top-N).
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
+    def add(self, delta: "CompletionOutput") -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        self.finish_reason = delta.finish_reason
+        self.stop_reason = delta.stop_reason
+
+
+@dataclass
+class RequestOutput:
+    """A request's output. ``LLMEngine.step`` returns deltas (new tokens); ``add`` joins them."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
+
+    def add(self, delta: "RequestOutput") -> None:
+        for mine, new in zip(self.outputs, delta.outputs, strict=True):
+            mine.add(new)
+        self.finished = delta.finished
+        self.num_cached_tokens = delta.num_cached_tokens
+
+    # The single-completion view most callers want (n == 1).
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[PositionLogprobs] | None:
+        return self.outputs[0].logprobs

@@ -1,0 +1,127 @@
+"""Greedy parity with Hugging Face transformers at fp32, on three architectures.
+
+For 8 prompts of lengths 1..300 run as one batch: the last prompt position's logits match
+transformers to 1e-4 and 32 greedy tokens equal ``generate(do_sample=False)`` token for token.
+"""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from pdserve import LLM, SamplingParams
+from pdserve.engine.tokenizer import Tokenizer
+
+PROMPT_LENGTHS = (1, 7, 16, 33, 64, 129, 255, 300)
+MAX_NEW_TOKENS = 32
+LOGITS_ATOL = 1e-4
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+BIAS_STD = 0.5  # HF initialises biases to zero; make them count so a loading slip shows
+
+
+def _save_hf_model(model: transformers.PreTrainedModel, src_tokenizer: Path, out: Path) -> Path:
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (src_tokenizer / name).exists():
+            shutil.copy(src_tokenizer / name, out / name)
+    return out
+
+
+def _small_config_kwargs(tokenizer: Tokenizer) -> dict:
+    return dict(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def _qwen2_model(tiny: Path, out: Path) -> Path:
+    """qwen2: q/k/v bias, tied embeddings."""
+    tokenizer = Tokenizer.from_pretrained(tiny)
+    config = transformers.Qwen2Config(
+        **_small_config_kwargs(tokenizer),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_theta=1000000.0,
+    )
+    torch.manual_seed(1)
+    model = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, BIAS_STD)
+    return _save_hf_model(model, tiny, out)
+
+
+def _llama3_model(tiny: Path, out: Path) -> Path:
+    """llama: GQA 4:1, untied head, llama3 rope scaling active within the prompt lengths."""
+    tokenizer = Tokenizer.from_pretrained(tiny)
+    config = transformers.LlamaConfig(
+        **_small_config_kwargs(tokenizer),
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 128,
+        },
+    )
+    torch.manual_seed(2)
+    return _save_hf_model(transformers.LlamaForCausalLM(config), tiny, out)
+
+
+@pytest.fixture(scope="module", params=["tiny", "qwen2", "llama3"])
+def model_dir(request, tiny_model_dir: Path, tmp_path_factory) -> Path:
+    if request.param == "tiny":
+        return tiny_model_dir
+    build = {"qwen2": _qwen2_model, "llama3": _llama3_model}[request.param]
+    return build(tiny_model_dir, tmp_path_factory.mktemp(request.param))
+
+
+def _prompts(vocab_size: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+def test_parity_with_transformers(model_dir: Path) -> None:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    llm = LLM(model=model_dir)
+    prompts = _prompts(llm.engine.model_config.vocab_size)
+
+    # Last-position logits of all 8 prompts, computed as one flattened batch by our engine.
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"logits-{i}", prompt, SamplingParams(max_tokens=1))
+    batch = engine.scheduler.schedule()
+    assert len(batch) == len(prompts)
+    sampling, ours = engine.runner.execute(batch)
+    for entry in sampling:
+        engine.abort_request(entry.request.request_id)
+    order = [int(e.request.request_id.split("-")[1]) for e in sampling]
+    with torch.no_grad():
+        for row, i in enumerate(order):
+            theirs = hf(torch.tensor([prompts[i]])).logits[0, -1]
+            diff = (ours[row] - theirs).abs().max().item()
+            print(f"{model_dir.name}: prompt len {len(prompts[i])}: max |logit diff| = {diff:.2e}")
+            assert diff < LOGITS_ATOL, f"prompt {i}: logits differ by {diff}"
+
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        ids = torch.tensor([prompt])
+        expected = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS, do_sample=False
+        )[0, len(prompt) :].tolist()
+        assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
+    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
