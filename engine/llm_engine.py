@@ -65,9 +65,8 @@ class LLMEngine:
             raise RequestError("prompt is empty: it must contain at least one token", "prompt")
         token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
         self._validate_prompt(token_ids)
-        request = Request(
-            request_id, token_ids, params, prompt=text, generator=make_generator(params, self.device)
-        )
+        generator = make_generator(params, self.device)
+        request = Request(request_id, token_ids, params, prompt=text, generator=generator)
         need = self.scheduler.blocks_reserved(request)
         if need > self.block_pool.num_blocks:
             raise RequestError(

@@ -102,7 +102,9 @@ def _prefill_kernel(
     m_mask, d_mask = offs_m < q_len, offs_d < head_dim
     tok = (q_start + offs_m).to(tl.int64)
     q_mask = m_mask[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=q_mask)
+    # other=0: padded head_dim lanes must be zero, not garbage, or they leak into q @ k^T.
+    q_rows = q_ptr + tok[:, None] * stride_qt + h * stride_qh
+    q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)  # [BLOCK_M, BLOCK_D]
     q_pos = seq_len - q_len + offs_m  # the new tokens are the last q_len positions
     k_ptr = cache_ptr + (h // GROUP) * stride_ch
     # -1e30, not -inf, so a row with no visible key yet gives alpha = exp2(0), never exp2(nan).
@@ -140,7 +142,8 @@ def _decode_kernel(
     d_mask = offs_d < head_dim
     heads = kvh * GROUP + offs_g
     q_mask = (offs_g[:, None] < GROUP) & d_mask[None, :]
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=q_mask)
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)  # [BLOCK_G, BLOCK_D]
     q_pos = tl.full([BLOCK_G], 0, tl.int32) + seq_len - 1  # the new token is the last position
     k_ptr = cache_ptr + kvh * stride_ch
     m_i = tl.full([BLOCK_G], -1e30, tl.float32)
