@@ -1,7 +1,9 @@
 """Decode step time of our engine vs transformers, beside the memory-bandwidth bound.
 
-A decode step must read every weight once, so ``weight bytes / memory bandwidth`` bounds its time
-from below at small batch. The bandwidth is measured in the same run by a large tensor copy.
+A decode step reads every weight it uses once (all but the embedding table, of which it reads a
+row), so ``weight bytes / memory bandwidth`` bounds its time from below at small batch. The
+bandwidth is measured in the same run by a large tensor copy. To show how far PyTorch's own
+matrix-vector kernels allow, the matmuls alone are timed too: one row through every linear layer.
 """
 
 import argparse
@@ -11,7 +13,9 @@ from pathlib import Path
 
 import torch
 
+from pdserve.engine.linear import Linear
 from pdserve.engine.llm import LLM
+from pdserve.engine.model import LlamaForCausalLM
 from pdserve.engine.sampling_params import SamplingParams
 
 COPY_BYTES = 1 << 30
@@ -38,6 +42,34 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - start)
     return 2 * nbytes / best
+
+
+def weight_bytes_read(model: LlamaForCausalLM) -> int:
+    """Bytes of the weights one decode step reads: a lookup reads one row of an untied embedding."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.config.tie_word_embeddings:
+        return total
+    embed = model.model.embed_tokens.weight
+    return total - embed.numel() * embed.element_size()
+
+
+@torch.inference_mode()
+def matmul_seconds(model: LlamaForCausalLM, steps: int) -> tuple[float, float]:
+    """Median time of one row through every linear layer: (nn.Linear's kernel, ours)."""
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    rows = [torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in layers]
+
+    def timed(forward) -> float:
+        times = []
+        for i in range(steps + WARMUP_STEPS):
+            start = time.perf_counter()
+            for layer, x in zip(layers, rows, strict=True):
+                forward(layer, x)
+            if i >= WARMUP_STEPS:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return timed(torch.nn.Linear.forward), timed(Linear.forward)
 
 
 def ours_step_seconds(llm: LLM, batch: int, steps: int) -> float:
@@ -89,18 +121,25 @@ def run(args: argparse.Namespace) -> int:
         make_model(args.preset, args.model)
     llm = LLM(model=args.model, dtype=args.dtype)
     model = llm.engine.runner.model
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = weight_bytes_read(model)
     bandwidth = copy_bandwidth()
     bound = weight_bytes / bandwidth
+    mkl_gemv, split_gemv = matmul_seconds(model, args.steps)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         args.model, dtype=llm.engine.config.torch_dtype
     ).eval()
     vocab = llm.engine.model_config.vocab_size
     print(
-        f"model {args.model} ({weight_bytes / 1e6:.0f} MB of weights, {args.dtype}), "
+        f"model {args.model} ({weight_bytes / 1e6:.0f} MB of weights read per step, {args.dtype}), "
         f"{args.threads} threads, prompt {PROMPT_LEN} tokens, median of {args.steps} steps"
     )
-    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step\n")
+    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step")
+    for name, seconds in (("nn.Linear (MKL gemv)", mkl_gemv), ("ours (row blocks)", split_gemv)):
+        print(
+            f"matmuls alone, 1 row, {name}: {seconds * 1e3:.1f} ms = "
+            f"{weight_bytes / seconds / 1e9:.1f} GB/s = {bound / seconds:.0%} of bound"
+        )
+    print()
     print("| batch | ours ms/step | of bound | transformers ms/step | of bound | ours / HF speed |")
     print("|---|---|---|---|---|---|")
     for batch in args.batch_sizes:

@@ -10,7 +10,8 @@ from torch.nn import functional as F
 
 from pdserve.engine.attention import AttentionMetadata, paged_attention
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.rope import RotaryEmbedding
+from pdserve.engine.linear import Linear
+from pdserve.engine.rope import RopeTables, RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -27,7 +28,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -35,15 +36,14 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.rope = rope
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rope: RopeTables,
         x: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
@@ -53,7 +53,7 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
+        q, k = rope.apply(q, k)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -61,8 +61,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -70,32 +70,30 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = Attention(config, rope)
+        self.self_attn = Attention(config)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rope: RopeTables,
         x: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        rope = RotaryEmbedding(config, dtype, device)
+        self.rope = RotaryEmbedding(config, dtype, device)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, rope) for _ in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
@@ -107,8 +105,9 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         # input_ids, positions: [T]; kv_cache: [num_blocks, num_layers, 2, block, Hkv, D]
         x = self.embed_tokens(input_ids)
+        rope = self.rope.lookup(positions)
         for i, layer in enumerate(self.layers):
-            x = layer(positions, x, kv_cache[:, i], meta)
+            x = layer(rope, x, kv_cache[:, i], meta)
         return self.norm(x)
 
 
@@ -117,7 +116,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, dtype, device)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:

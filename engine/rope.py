@@ -1,6 +1,7 @@
 """Rotary position embeddings, including HF's ``linear`` and ``llama3`` frequency scaling."""
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -32,7 +33,7 @@ def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Holds cos/sin for every position up to the model's limit and rotates q and k.
+    """Holds cos/sin for every position up to the model's limit.
 
     A plain object rather than a module with buffers: the model is built on the meta device and
     materialised empty before loading, and these tables must survive that as real values.
@@ -47,13 +48,18 @@ class RotaryEmbedding:
         self.cos = freqs.cos().to(device=device, dtype=dtype)
         self.sin = freqs.sin().to(device=device, dtype=dtype)
 
-    def __call__(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [T]; q: [T, Hq, D]; k: [T, Hkv, D]. Non-interleaved halves (HF's rotate_half).
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def lookup(self, positions: torch.Tensor) -> "RopeTables":
+        """cos/sin for a step's positions [T]; looked up once per step, shared by every layer."""
+        return RopeTables(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+
+
+class RopeTables(NamedTuple):
+    cos: torch.Tensor  # [T, 1, D/2]
+    sin: torch.Tensor
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: [T, Hq, D]; k: [T, Hkv, D]. Non-interleaved halves (HF's rotate_half).
+        return _rotate(q, self.cos, self.sin), _rotate(k, self.cos, self.sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,11 @@ def write_kv(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor)
 
 def _gather(kv_cache: Tensor, block_table: Tensor, which: int) -> Tensor:
     # block_table: [..., n] -> keys (which=0) or values (1) as fp32 [..., Hkv, n * block_size, D]
-    rows = kv_cache[block_table, which]  # [..., n, block_size, Hkv, D]
+    # index_select on the K (or V) half is ~10x faster here than advanced indexing of the cache;
+    # it refuses the -1 padding of block tables, whose rows are masked anyway, so clamp it to 0.
+    half = kv_cache[:, which]  # [num_blocks, block_size, Hkv, D]
+    ids = block_table.flatten().clamp(min=0)
+    rows = half.index_select(0, ids).view(*block_table.shape, *half.shape[1:])
     return rows.flatten(-4, -3).transpose(-3, -2).float()
 
 
