@@ -61,9 +61,8 @@ class LLMEngine:
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use", "request_id")
         text = prompt if isinstance(prompt, str) else None
-        if text == "":
-            raise RequestError("prompt is empty: it must contain at least one token", "prompt")
-        token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
+        # "" is refused like [], though encoding it could yield a lone BOS token.
+        token_ids = list(prompt) if text is None else (self.tokenizer.encode(text) if text else [])
         self._validate_prompt(token_ids)
         generator = make_generator(params, self.device)
         request = Request(request_id, token_ids, params, prompt=text, generator=generator)
