@@ -93,15 +93,31 @@ def _prompts(vocab_size: int) -> list[list[int]]:
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
 
 
-def test_parity_with_transformers(model_dir: Path) -> None:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
+@pytest.fixture(scope="module")
+def hf_model(model_dir: Path) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    llm = LLM(model=model_dir)
-    prompts = _prompts(llm.engine.model_config.vocab_size)
 
-    # Last-position logits of all 8 prompts, computed as one flattened batch by our engine.
-    engine = llm.engine
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_model: transformers.PreTrainedModel) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, run alone (no padding)."""
+    prompts = _prompts(hf_model.config.vocab_size)
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        out = hf_model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS, do_sample=False
+        )
+        outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+def test_last_position_logits_match(model_dir: Path, hf_model) -> None:
+    """All 8 prompts' last-position logits, computed as one flattened batch by our engine."""
+    engine = LLM(model=model_dir).engine
+    prompts = _prompts(engine.model_config.vocab_size)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"logits-{i}", prompt, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
@@ -112,16 +128,26 @@ def test_parity_with_transformers(model_dir: Path) -> None:
     order = [int(e.request.request_id.split("-")[1]) for e in sampling]
     with torch.no_grad():
         for row, i in enumerate(order):
-            theirs = hf(torch.tensor([prompts[i]])).logits[0, -1]
+            theirs = hf_model(torch.tensor([prompts[i]])).logits[0, -1]
             diff = (ours[row] - theirs).abs().max().item()
             print(f"{model_dir.name}: prompt len {len(prompts[i])}: max |logit diff| = {diff:.2e}")
             assert diff < LOGITS_ATOL, f"prompt {i}: logits differ by {diff}"
-
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
-    for prompt, output in zip(prompts, outputs, strict=True):
-        ids = torch.tensor([prompt])
-        expected = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS, do_sample=False
-        )[0, len(prompt) :].tolist()
-        assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
     assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
+
+
+# None: every prompt is prefilled whole in the first step. 16: prompts are prefilled in 16-token
+# chunks over their own cached prefix, in steps that mix decodes with other prompts' chunks.
+@pytest.mark.parametrize("max_num_batched_tokens", [None, 16])
+def test_greedy_tokens_equal_transformers(
+    model_dir: Path, hf_greedy: list[list[int]], max_num_batched_tokens: int | None
+) -> None:
+    args = (
+        {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
+    )
+    llm = LLM(model=model_dir, **args)
+    prompts = _prompts(llm.engine.model_config.vocab_size)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
+    for prompt, output, expected in zip(prompts, outputs, hf_greedy, strict=True):
+        assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
+    pool = llm.engine.block_pool
+    assert pool.num_free_blocks == pool.num_blocks
