@@ -44,7 +44,9 @@ class Scheduler:
     def schedule(self) -> list[ScheduledRequest]:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
-        for request in self.running:
+        # Decodes (one token left to compute) before unfinished prompt chunks, so a long prompt's
+        # chunk can never take the budget that running streams need for their next token.
+        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
             if budget == 0:
                 break
             n = min(request.num_tokens - request.num_computed_tokens, budget)
