@@ -14,10 +14,6 @@ class BlockPool:
     def num_free_blocks(self) -> int:
         return len(self._free)
 
-    @property
-    def usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_blocks
-
     def can_allocate(self, n: int) -> bool:
         return n <= len(self._free)
 

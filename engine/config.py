@@ -49,10 +49,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
     def max_model_len(self) -> int:
         if self.sliding_window is None:
             return self.max_position_embeddings

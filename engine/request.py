@@ -46,10 +46,6 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def finish_reason(self) -> str | None:
-        return self.status.value if self.status.finished else None
-
     def token_ids_between(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)
         if end <= n:
