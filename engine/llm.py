@@ -61,6 +61,7 @@ class LLM:
                 for delta in self.engine.step():
                     parent_id, index = children[delta.request_id]
                     results[parent_id].outputs[index].add(delta.outputs[0])
+                    results[parent_id].num_cached_tokens = delta.num_cached_tokens
         except BaseException:
             for child_id in children:
                 self.engine.abort_request(child_id)

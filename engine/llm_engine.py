@@ -17,6 +17,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampler import Sampler, SamplingRow, make_generator
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import Scheduler
+from pdserve.engine.stats import EngineStats
 from pdserve.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class LLMEngine:
         model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
         num_blocks = num_kv_blocks(self.model_config, config)
         kv_cache = allocate_kv_cache(self.model_config, config, num_blocks)
-        self.block_pool = BlockPool(num_blocks)
+        self.block_pool = BlockPool(num_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_pool, self.max_model_len)
         self.runner = ModelRunner(model, kv_cache, config.block_size)
         eos_ids = set(self.model_config.eos_token_ids) | set(self.tokenizer.eos_token_ids)
@@ -56,6 +57,8 @@ class LLMEngine:
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams,
+        priority: int = 0,
+        cache_salt: str = "",
     ) -> Request:
         """Validates and queues a request; bad input raises ``RequestError`` and queues nothing."""
         if request_id in self._requests:
@@ -65,8 +68,16 @@ class LLMEngine:
         token_ids = list(prompt) if text is None else (self.tokenizer.encode(text) if text else [])
         self._validate_prompt(token_ids)
         generator = make_generator(params, self.device)
-        request = Request(request_id, token_ids, params, prompt=text, generator=generator)
-        need = self.scheduler.blocks_reserved(request)
+        request = Request(
+            request_id,
+            token_ids,
+            params,
+            prompt=text,
+            priority=priority,
+            cache_salt=cache_salt,
+            generator=generator,
+        )
+        need = self.scheduler.max_blocks(request)
         if need > self.block_pool.num_blocks:
             raise RequestError(
                 f"prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
@@ -88,6 +99,18 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
+    def stats(self) -> EngineStats:
+        pool = self.block_pool
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=1.0 - pool.num_free_blocks / pool.num_blocks,
+            num_free_blocks=pool.num_free_blocks,
+            prefix_cache_queries=pool.prefix_cache_queries,
+            prefix_cache_hits=pool.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
     def step(self) -> list[RequestOutput]:
         """Runs one model step; returns a delta for every request that produced a token."""
         batch = self.scheduler.schedule()
@@ -96,6 +119,7 @@ class LLMEngine:
         sampling, logits = self.runner.execute(batch)
         for entry in batch:
             entry.request.num_computed_tokens += entry.num_new_tokens
+            self.scheduler.cache_computed_blocks(entry.request, entry.num_new_tokens)
         if not sampling:
             return []
         requests = [entry.request for entry in sampling]

@@ -61,6 +61,7 @@ class OutputProcessor:
             prompt_token_ids=request.prompt_token_ids,
             outputs=[completion],
             finished=status is not None,
+            num_cached_tokens=request.num_cached_tokens,
         )
         if status is not None:
             self.remove(request.request_id)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pdserve.engine.prefix_hash import BlockHash
 from pdserve.engine.sampling_params import SamplingParams
 
 
@@ -32,6 +33,12 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
+    priority: int = 0  # lower runs first under the "priority" scheduling policy, as in vLLM
+    cache_salt: str = ""  # kept apart in the prefix cache from requests with another salt
+    block_hashes: list[BlockHash] = field(
+        default_factory=list
+    )  # of the full blocks of known tokens
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -46,8 +53,14 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
     def token_ids_between(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if start >= n:  # a decode: only output tokens, without copying the prompt
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]

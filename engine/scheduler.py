@@ -1,17 +1,20 @@
 """Decides, each step, which requests run and how many of their tokens, under one token budget.
 
-Running requests go first (a decode is one token; an unfinished prompt continues in chunks), then
-waiting requests are admitted FCFS while the budget, ``max_num_seqs`` and free blocks allow.
-Until preemption arrives with the continuous-batching work, a request reserves blocks for its whole
-possible length (prompt + max_tokens, capped by the context) when admitted, so a running request can
-never run out of blocks.
+Running requests go first: decodes (one token left to compute), then unfinished prompt chunks. Then
+waiting requests are admitted in queue order (FCFS, or by ``priority``) while the budget,
+``max_num_seqs`` and free blocks allow; an admitted prompt starts after its longest cached prefix.
+Blocks are taken as tokens need them. When a running request needs a block and none is free, the
+most recently admitted request is preempted by recompute: its blocks go back (usually staying in the
+prefix cache) and it returns to the front of the queue.
 """
 
-from collections import deque
+import heapq
+import itertools
 from dataclasses import dataclass
 
 from pdserve.engine.block_pool import BlockPool
 from pdserve.engine.config import EngineConfig
+from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.request import Request, RequestStatus
 
 
@@ -31,54 +34,141 @@ class Scheduler:
         self.config = config
         self.block_pool = block_pool
         self.max_model_len = max_model_len
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.block_size = config.block_size
+        self.waiting: list[tuple[tuple[int, int], Request]] = []  # heap on (priority, arrival)
+        self.running: list[Request] = []  # in admission order: the last is preempted first
+        self._order: dict[str, tuple[int, int]] = {}
+        self._arrivals = itertools.count()
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        priority = request.priority if self.config.scheduling_policy == "priority" else 0
+        self._order[request.request_id] = (priority, next(self._arrivals))
+        heapq.heappush(self.waiting, (self._order[request.request_id], request))
+
+    def max_blocks(self, request: Request) -> int:
+        """Blocks for the request's longest possible sequence; more than the pool can never run."""
+        longest = min(
+            request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len
+        )
+        return -(-longest // self.block_size)
 
     def schedule(self) -> list[ScheduledRequest]:
         budget = self.config.max_num_batched_tokens
-        scheduled: list[ScheduledRequest] = []
-        # Decodes (one token left to compute) before unfinished prompt chunks, so a long prompt's
-        # chunk can never take the budget that running streams need for their next token.
+        scheduled: dict[str, ScheduledRequest] = {}
+        preempted = False
+        # Decodes before unfinished prompt chunks, so a long prompt's chunk can never take the
+        # budget that running streams need for their next token.
         for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
             if budget == 0:
                 break
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            scheduled.append(ScheduledRequest(request, n))
-            budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            need = self.blocks_reserved(request)
-            if not self.block_pool.can_allocate(need):
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self._chunk(request, budget)
+            while not self.block_pool.can_allocate(self._blocks_needed(request, n)):
+                victim = self._preempt_one()
+                preempted = True
+                if victim in scheduled:
+                    budget += scheduled.pop(victim).num_new_tokens
+                if victim == request.request_id:
+                    break
+            else:
+                self._allocate(request, n)
+                scheduled[request.request_id] = ScheduledRequest(request, n)
+                budget -= n
+        # Admitting more right after preempting would only preempt again.
+        while not preempted and self.waiting and budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
                 break
-            self.waiting.popleft()
-            request.block_ids = self.block_pool.allocate(need)
-            n = min(request.num_tokens, budget)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            scheduled.append(ScheduledRequest(request, n))
+            request = self.waiting[0][1]
+            if not self._admit(request, budget):
+                break
+            heapq.heappop(self.waiting)
+            n = self._chunk(request, budget)
+            scheduled[request.request_id] = ScheduledRequest(request, n)
             budget -= n
-        return scheduled
+        return list(scheduled.values())
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Removes a request from the queues and returns its blocks at once."""
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request.status == RequestStatus.WAITING:
-            self.waiting.remove(request)
+            self.waiting.remove((self._order[request.request_id], request))
+            heapq.heapify(self.waiting)
+        self._order.pop(request.request_id, None)
         request.status = status
         self.block_pool.free(request.block_ids)
         request.block_ids = []
 
-    def blocks_reserved(self, request: Request) -> int:
-        """Blocks for the request's longest possible sequence."""
-        longest = min(
-            request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len
+    def cache_computed_blocks(self, request: Request, num_new_tokens: int) -> None:
+        """Registers the blocks this step filled in the prefix cache (after the step ran)."""
+        first = (request.num_computed_tokens - num_new_tokens) // self.block_size
+        full = request.num_computed_tokens // self.block_size
+        if full == first or not self.block_pool.enable_caching:
+            return
+        if len(request.block_hashes) < full:
+            tokens = request.token_ids_between(0, full * self.block_size)
+            extend_block_hashes(request.block_hashes, tokens, self.block_size, request.cache_salt)
+        for i in range(first, full):
+            self.block_pool.cache(request.block_ids[i], request.block_hashes[i])
+
+    def _chunk(self, request: Request, budget: int) -> int:
+        n = min(request.num_tokens - request.num_computed_tokens, budget)
+        threshold = self.config.long_prefill_token_threshold
+        return min(n, threshold) if threshold > 0 else n
+
+    def _blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        total = request.num_computed_tokens + num_new_tokens
+        return max(0, -(-total // self.block_size) - len(request.block_ids))
+
+    def _allocate(self, request: Request, num_new_tokens: int) -> None:
+        need = self._blocks_needed(request, num_new_tokens)
+        if need:
+            request.block_ids += self.block_pool.allocate(need)
+
+    def _admit(self, request: Request, budget: int) -> bool:
+        """Takes the request's cached prefix and blocks for its first chunk, if they fit."""
+        # The last prompt token is always recomputed: its logits are needed to sample.
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        extend_block_hashes(
+            request.block_hashes, request.all_token_ids, self.block_size, request.cache_salt
         )
-        return -(-longest // self.config.block_size)
+        hits = self.block_pool.lookup(request.block_hashes, max_hit_blocks)
+        num_hit_tokens = len(hits) * self.block_size
+        request.num_computed_tokens = num_hit_tokens
+        need = -(-(num_hit_tokens + self._chunk(request, budget)) // self.block_size) - len(hits)
+        if not self.block_pool.can_allocate(need + self.block_pool.num_free_among(hits)):
+            request.num_computed_tokens = 0
+            return False
+        self.block_pool.take(hits)
+        self.block_pool.record_lookup(request.num_tokens, num_hit_tokens)
+        request.block_ids = hits + self.block_pool.allocate(need)
+        if request.first_token_time is None:
+            request.num_cached_tokens = num_hit_tokens
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        return True
+
+    def _preempt_one(self) -> str:
+        """Preempts the most recently admitted running request (by recompute); returns its id."""
+        if self.config.scheduling_policy == "priority":
+            victim = max(self.running, key=lambda r: self._order[r.request_id])
+            self.running.remove(victim)
+        else:
+            victim = self.running.pop()
+        self.block_pool.free(victim.block_ids)
+        victim.block_ids = []
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        heapq.heappush(self.waiting, (self._order[victim.request_id], victim))
+        self.num_preemptions += 1
+        return victim.request_id
