@@ -62,6 +62,7 @@ class LLM:
                     parent_id, index = children[delta.request_id]
                     results[parent_id].outputs[index].add(delta.outputs[0])
                     results[parent_id].num_cached_tokens = delta.num_cached_tokens
+                    results[parent_id].metrics = delta.metrics or results[parent_id].metrics
         except BaseException:
             for child_id in children:
                 self.engine.abort_request(child_id)

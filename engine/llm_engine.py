@@ -133,12 +133,12 @@ class LLMEngine:
         for request, token_id, logprobs in zip(
             requests, sampled.token_ids, sampled.logprobs, strict=True
         ):
-            if request.first_token_time is None:
-                request.first_token_time = now
+            request.token_times.append(now)
             delta, status = self.output_processor.append_token(request, token_id, logprobs)
             if status is not None:
                 self.scheduler.finish(request, status)
                 request.finished_time = now
+                delta.metrics = request.metrics()
                 del self._requests[request.request_id]
             outputs.append(delta)
         return outputs

@@ -32,6 +32,17 @@ class CompletionOutput:
         self.stop_reason = delta.stop_reason
 
 
+@dataclass(frozen=True)
+class RequestMetrics:
+    """A finished request's timings, in time.monotonic() seconds."""
+
+    arrival_time: float
+    first_token_time: float | None
+    finished_time: float | None
+    token_times: tuple[float, ...]  # when each output token was produced
+    num_cached_tokens: int
+
+
 @dataclass
 class RequestOutput:
     """A request's output. ``LLMEngine.step`` returns deltas (new tokens); ``add`` joins them."""
@@ -42,12 +53,14 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None  # set on the final delta
 
     def add(self, delta: "RequestOutput") -> None:
         for mine, new in zip(self.outputs, delta.outputs, strict=True):
             mine.add(new)
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
+        self.metrics = delta.metrics or self.metrics
 
     # The single-completion view most callers want (n == 1).
     @property

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pdserve.engine.outputs import RequestMetrics
 from pdserve.engine.prefix_hash import BlockHash
 from pdserve.engine.sampling_params import SamplingParams
 
@@ -39,11 +40,25 @@ class Request:
         default_factory=list
     )  # of the full blocks of known tokens
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # time.monotonic() seconds: arrival, each generated token (the first is TTFT), finish
     arrival_time: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
     # A seeded request's own generator, so its samples do not depend on who shares the batch.
     generator: torch.Generator | None = None
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    def metrics(self) -> RequestMetrics:
+        return RequestMetrics(
+            arrival_time=self.arrival_time,
+            first_token_time=self.first_token_time,
+            finished_time=self.finished_time,
+            token_times=tuple(self.token_times),
+            num_cached_tokens=self.num_cached_tokens,
+        )
 
     @property
     def num_prompt_tokens(self) -> int:
