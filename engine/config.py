@@ -14,6 +14,7 @@ DEFAULT_KV_CACHE_MEMORY_BYTES = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_WAITING_REQUESTS = 1024
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
@@ -153,6 +154,8 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0  # > 0: cap on one prompt's chunk per step
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # Back-pressure of the async engine: past this many waiting requests, new ones are refused.
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     seed: int = 0
 
     def __post_init__(self) -> None:

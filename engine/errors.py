@@ -11,3 +11,11 @@ class RequestError(ValueError):
 
 class ContextLengthError(RequestError):
     """The prompt does not fit the model's context."""
+
+
+class EngineOverloadedError(RuntimeError):
+    """Too many requests are already waiting; the caller should retry later (HTTP 503)."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine loop is shut down (or died), so the request cannot run or finish."""
