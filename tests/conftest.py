@@ -1,8 +1,25 @@
-"""Shared fixtures: the built-in tiny model, made once per test session."""
+"""Shared fixtures: the built-in tiny model, made once per test session, and a KV-block leak check.
 
+Every ``LLMEngine`` built during the session is registered (weakly), whichever fixture scope
+built it. After every test, each live engine with no unfinished requests must have all its KV
+blocks free — cached-but-unreferenced blocks count as free — so a block not returned on finish,
+abort or preemption fails the test that leaked it, not a later one.
+"""
+
+import os
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from pdserve.engine.llm_engine import LLMEngine
+
+# Weak references, so the registry never keeps an engine (and its KV cache) alive; each with the
+# test that was running when the engine was built, to name it in a leak report.
+_ENGINES: list[tuple["weakref.ref[LLMEngine]", str]] = []
 
 
 @pytest.fixture(scope="session")
@@ -10,3 +27,64 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pdserve.cluster.make_model import make_model
 
     return make_model("tiny", tmp_path_factory.mktemp("models") / "tiny")
+
+
+def check_no_leaks(engine: "LLMEngine", where: str = "engine") -> None:
+    """Raises AssertionError if an idle engine holds KV blocks; busy engines are not checked."""
+    if engine.has_unfinished_requests():
+        return
+    pool = engine.block_pool
+    if pool.num_free_blocks != pool.num_blocks:
+        raise AssertionError(
+            f"{where}: KV blocks leaked: {pool.num_free_blocks} of {pool.num_blocks} free with "
+            f"no unfinished requests ({pool.num_blocks - pool.num_free_blocks} held)"
+        )
+
+
+@pytest.fixture(scope="session")
+def assert_no_leaks() -> Callable[["LLMEngine"], None]:
+    """The leak check as a callable, for tests and module fixtures to run between their phases
+    (conftest is not importable under ``--import-mode=importlib``)."""
+    return check_no_leaks
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _register_engines() -> Iterator[None]:
+    # Session-scoped: a test's own ``monkeypatch`` would miss engines that module fixtures build
+    # before the test starts.
+    try:
+        from pdserve.engine.llm_engine import LLMEngine
+    except Exception:  # an engine that does not import must fail only the tests that use it
+        yield
+        return
+    original_init = LLMEngine.__init__
+
+    def registering_init(self: "LLMEngine", *args: object, **kwargs: object) -> None:
+        original_init(self, *args, **kwargs)
+        built_in = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+        _ENGINES.append((weakref.ref(self), built_in))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LLMEngine, "__init__", registering_init)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_blocks(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    leaks = []
+    for entry in list(_ENGINES):
+        ref, built_in = entry
+        engine = ref()
+        if engine is None:
+            _ENGINES.remove(entry)
+            continue
+        try:
+            check_no_leaks(engine, f"after {request.node.nodeid} (engine built in {built_in})")
+        except AssertionError as leak:
+            # Reported once: a failed test's traceback can keep the engine alive, and it must not
+            # fail every test that runs after.
+            _ENGINES.remove(entry)
+            leaks.append(str(leak))
+    if leaks:
+        pytest.fail("\n".join(leaks), pytrace=False)
