@@ -5,6 +5,7 @@ import importlib
 
 BENCHMARKS = {
     "decode-step": "pdserve.benchmarks.decode_step",
+    "engine": "pdserve.benchmarks.engine_throughput",
 }
 
 

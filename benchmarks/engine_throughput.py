@@ -1,0 +1,289 @@
+"""Offline throughput on a heterogeneous workload: our engine vs transformers' static batches.
+
+Both run in this process on the same threads and weights. transformers pads every static batch to
+its longest prompt and decodes every row to its longest output, so the slots past a row's own
+length are waste; continuous batching admits and retires requests per step instead. The workload's
+FLOPs over a matmul throughput measured in the same run give a compute bound, and the scheduler is
+timed alone (no model) with 256 running requests.
+"""
+
+import argparse
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from pdserve.engine.block_pool import BlockPool
+from pdserve.engine.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    EngineConfig,
+    ModelConfig,
+)
+from pdserve.engine.llm import LLM
+from pdserve.engine.request import Request
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import ScheduledRequest, Scheduler
+
+SEED = 0
+HF_BATCH_SIZE = 16
+MATMUL_SIZE = 2048  # [n, n] x [n, n] fp32: large enough for MKL's peak, ~0.15 s on 2 cores
+MATMUL_REPEATS = 5
+WARMUP_REQUESTS = 4
+WARMUP_STEPS = 5
+SCHEDULER_RUNNING = 256
+SCHEDULER_STEPS = 200
+SCHEDULER_PROMPT_LEN = 32
+
+
+class WorkloadShape(NamedTuple):
+    num_requests: int
+    prompt_len: tuple[int, int]  # uniform, inclusive
+    output_len: tuple[int, int]  # lognormal, clipped to this range
+    output_median: int  # the lognormal's median before clipping
+    output_sigma: float  # its log-space standard deviation: 1.0 gives a heavy tail
+
+
+FULL = WorkloadShape(64, (16, 512), (8, 512), 64, 1.0)
+QUICK = WorkloadShape(16, (8, 64), (4, 48), 12, 1.0)
+
+
+class WorkItem(NamedTuple):
+    prompt: list[int]
+    output_len: int
+
+
+class OursResult(NamedTuple):
+    seconds: float
+    output_lens: list[int]  # tokens each request generated, in workload order
+
+
+class HFResult(NamedTuple):
+    seconds: float
+    useful_tokens: int  # generated tokens within each request's own length
+    decode_waste: float  # fraction of decode slots that were past a row's length
+    prefill_waste: float  # fraction of prefill tokens that were left padding
+
+
+def make_workload(vocab_size: int, shape: WorkloadShape, seed: int = SEED) -> list[WorkItem]:
+    """Random token-id prompts and clipped-lognormal output lengths, in arrival order."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(shape.num_requests):
+        prompt = [rng.randrange(vocab_size) for _ in range(rng.randint(*shape.prompt_len))]
+        drawn = round(rng.lognormvariate(math.log(shape.output_median), shape.output_sigma))
+        items.append(WorkItem(prompt, min(max(drawn, shape.output_len[0]), shape.output_len[1])))
+    return items
+
+
+def useful_tokens(workload: list[WorkItem]) -> int:
+    return sum(item.output_len for item in workload)
+
+
+def run_ours(llm: LLM, workload: list[WorkItem]) -> OursResult:
+    """One ``generate`` call over the whole workload; raises if an output misses its length."""
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=item.output_len, ignore_eos=True)
+        for item in workload
+    ]
+    start = time.perf_counter()
+    outputs = llm.generate([item.prompt for item in workload], params)
+    seconds = time.perf_counter() - start
+    for i, (item, output) in enumerate(zip(workload, outputs, strict=True)):
+        if len(output.token_ids) != item.output_len:
+            raise RuntimeError(
+                f"request {i}: asked for {item.output_len} tokens, got {len(output.token_ids)}"
+            )
+    return OursResult(seconds, [len(output.token_ids) for output in outputs])
+
+
+@torch.inference_mode()
+def run_hf(model, workload: list[WorkItem], batch_size: int, pad_id: int) -> HFResult:
+    """transformers ``generate`` in static batches, arrival order, left padding, greedy."""
+    useful = decode_slots = prefill_slots = prompt_tokens = 0
+    start = time.perf_counter()
+    for first in range(0, len(workload), batch_size):
+        batch = workload[first : first + batch_size]
+        width = max(len(item.prompt) for item in batch)
+        pads = [width - len(item.prompt) for item in batch]
+        ids = torch.tensor(
+            [[pad_id] * p + item.prompt for p, item in zip(pads, batch, strict=True)]
+        )
+        mask = torch.tensor([[0] * p + [1] * (width - p) for p in pads])
+        longest = max(item.output_len for item in batch)
+        # min_new_tokens = max_new_tokens: no row stops early, the static batch's whole cost.
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            pad_token_id=pad_id,
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+        )
+        generated = out.shape[1] - width
+        useful += sum(min(item.output_len, generated) for item in batch)
+        decode_slots += len(batch) * generated
+        prefill_slots += len(batch) * width
+        prompt_tokens += sum(len(item.prompt) for item in batch)
+    seconds = time.perf_counter() - start
+    return HFResult(seconds, useful, 1 - useful / decode_slots, 1 - prompt_tokens / prefill_slots)
+
+
+def workload_flops(config: ModelConfig, workload: list[WorkItem]) -> float:
+    """The least work the workload needs, counting matmuls and attention only.
+
+    A request with prompt P and output L feeds n = P + L - 1 tokens through the layers (the last
+    sampled token is never fed back) and runs the LM head for its L sampled tokens:
+    ``2 * W * n + 2 * H * L + 4 * layers * heads * head_dim * n (n + 1) / 2``, where W is the
+    layers' matmul weights (q, k, v, o, gate, up, down), H = vocab * hidden, and the last term is
+    QK^T plus PV for a token at position p attending to p + 1 positions (causal).
+    """
+    h, hd, layers = config.hidden_size, config.head_dim, config.num_hidden_layers
+    attn = h * hd * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    weights = layers * (attn + 3 * h * config.intermediate_size)
+    head = config.vocab_size * h
+    per_context = 4 * layers * config.num_attention_heads * hd
+    total = 0.0
+    for item in workload:
+        n = len(item.prompt) + item.output_len - 1
+        total += 2 * weights * n + 2 * head * item.output_len + per_context * n * (n + 1) / 2
+    return total
+
+
+def matmul_flops_per_second(size: int = MATMUL_SIZE, repeats: int = MATMUL_REPEATS) -> float:
+    """fp32 ``torch.mm`` throughput on the current threads, best of ``repeats``."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # MKL's first call sets up its buffers
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def _simulate_step(scheduler: Scheduler, batch: list[ScheduledRequest], token_id: int = 0) -> None:
+    # What LLMEngine.step does to the requests after the model ran: which entries sample is read
+    # before their computed counts move on; then the filled blocks enter the prefix cache.
+    sampled = [entry.request for entry in batch if entry.samples]
+    for entry in batch:
+        entry.request.num_computed_tokens += entry.num_new_tokens
+        scheduler.cache_computed_blocks(entry.request, entry.num_new_tokens)
+    for request in sampled:
+        request.output_token_ids.append(token_id)
+
+
+def scheduler_step_seconds(
+    num_running: int = SCHEDULER_RUNNING, steps: int = SCHEDULER_STEPS
+) -> float:
+    """Median CPU time of ``Scheduler.schedule`` alone with ``num_running`` decoding requests."""
+    max_tokens = WARMUP_STEPS + steps + 2  # no request finishes while timed
+    max_model_len = SCHEDULER_PROMPT_LEN + max_tokens
+    num_blocks = num_running * -(-max_model_len // DEFAULT_BLOCK_SIZE)
+    config = EngineConfig(
+        model="unused",
+        num_kv_blocks=num_blocks,
+        max_num_seqs=num_running,
+        max_num_batched_tokens=max(DEFAULT_MAX_NUM_BATCHED_TOKENS, num_running),
+    )
+    scheduler = Scheduler(config, BlockPool(num_blocks), max_model_len=max_model_len)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i in range(num_running):
+        # Distinct prompts, so a prefix cache finds nothing to share.
+        prompt = list(range(i * SCHEDULER_PROMPT_LEN, (i + 1) * SCHEDULER_PROMPT_LEN))
+        scheduler.add(Request(f"sched-{i}", prompt, params))
+    while len(scheduler.running) < num_running or scheduler.waiting:  # admit, prefill in chunks
+        _simulate_step(scheduler, scheduler.schedule())
+    times = []
+    for i in range(WARMUP_STEPS + steps):
+        start = time.thread_time()  # CPU time of this thread: a busy neighbour does not count
+        batch = scheduler.schedule()
+        elapsed = time.thread_time() - start
+        if len(batch) != num_running or any(e.num_new_tokens != 1 for e in batch):
+            raise RuntimeError(f"step {i}: expected {num_running} decodes, got {len(batch)}")
+        if i >= WARMUP_STEPS:
+            times.append(elapsed)
+        _simulate_step(scheduler, batch)
+    return statistics.median(times)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=Path("models/tiny"))
+    parser.add_argument("--preset", default="tiny", help="made into --model when it is missing")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--hf-batch-size", type=int, default=HF_BATCH_SIZE)
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--quick", action="store_true", help="16 short requests, for tests")
+
+
+def _stats(values: list[int]) -> str:
+    mean, median = statistics.mean(values), statistics.median(values)
+    return f"mean {mean:.0f}, median {median:.0f}, max {max(values)}"
+
+
+def run(args: argparse.Namespace) -> int:
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    if not (args.model / "config.json").exists():
+        from pdserve.cluster.make_model import make_model
+
+        make_model(args.preset, args.model)
+    llm = LLM(model=args.model, dtype="float32")
+    model_config = llm.engine.model_config
+    shape = QUICK if args.quick else FULL
+    workload = make_workload(model_config.vocab_size, shape, args.seed)
+    warmup = make_workload(model_config.vocab_size, QUICK, args.seed + 1)[:WARMUP_REQUESTS]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    pad_id = tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+    run_ours(llm, warmup)  # first-call costs (allocator, MKL buffers) out of both timings
+    run_hf(hf, warmup, args.hf_batch_size, pad_id)
+    ours_s = run_ours(llm, workload).seconds
+    theirs = run_hf(hf, workload, args.hf_batch_size, pad_id)
+    useful = useful_tokens(workload)
+    if theirs.useful_tokens != useful:
+        raise RuntimeError(f"transformers made {theirs.useful_tokens} useful tokens, not {useful}")
+    flops = workload_flops(model_config, workload)
+    peak = matmul_flops_per_second()
+    bound = useful / (flops / peak)
+    sched_s = scheduler_step_seconds()
+    ours, hf_rate = useful / ours_s, useful / theirs.seconds
+
+    prompts, outputs = [len(w.prompt) for w in workload], [w.output_len for w in workload]
+    print(f"model {args.model} (fp32), {args.threads} threads, seed {args.seed}")
+    print(
+        f"{len(workload)} requests; prompts uniform in {list(shape.prompt_len)}: {_stats(prompts)}"
+    )
+    print(
+        f"outputs lognormal(median {shape.output_median}, sigma {shape.output_sigma}) clipped to "
+        f"{list(shape.output_len)}: {_stats(outputs)}"
+    )
+    print(
+        f"ours {ours_s:.2f} s, transformers {theirs.seconds:.2f} s for {useful} useful tokens; "
+        f"workload {flops / 1e9:.1f} GFLOP, fp32 mm {peak / 1e9:.1f} GFLOP/s\n"
+    )
+    rows = [
+        ("useful tok/s, ours (continuous batching)", f"{ours:.0f}"),
+        (f"useful tok/s, transformers (static batches of {args.hf_batch_size})", f"{hf_rate:.0f}"),
+        ("ours / transformers", f"{ours / hf_rate:.2f}x"),
+        ("transformers decode slots wasted", f"{theirs.decode_waste:.0%}"),
+        ("transformers prefill tokens that are padding", f"{theirs.prefill_waste:.0%}"),
+        ("compute bound, useful tok/s", f"{bound:.0f}"),
+        ("ours, fraction of the bound", f"{ours / bound:.1%}"),
+        (f"scheduler ms/step, {SCHEDULER_RUNNING} running", f"{sched_s * 1e3:.3f}"),
+    ]
+    print("| metric | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    quick = " --quick" if args.quick else ""
+    print(
+        f"\ncommand: pdserve bench engine --model {args.model} --threads {args.threads} "
+        f"--hf-batch-size {args.hf_batch_size} --seed {args.seed}{quick}"
+    )
+    return 0

@@ -1,0 +1,94 @@
+"""The engine-throughput benchmark's pieces, in quick mode on the tiny model."""
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from pdserve.benchmarks import engine_throughput as bench
+from pdserve.cluster import bench as bench_cli
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.llm import LLM
+
+HF_BATCH_SIZE = 8  # two static batches of the 16 quick requests
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    # With other tests running beside this one, torch's two OpenMP workers wait on each other at
+    # every op: the quick workload took ~70 s on 2 threads under load against ~4 s on one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def workload(tiny_model_dir: Path) -> list[bench.WorkItem]:
+    vocab = ModelConfig.from_pretrained(tiny_model_dir).vocab_size
+    return bench.make_workload(vocab, bench.QUICK)
+
+
+def test_workload_is_seeded_and_within_its_ranges(tiny_model_dir: Path) -> None:
+    vocab = ModelConfig.from_pretrained(tiny_model_dir).vocab_size
+    first, again = bench.make_workload(vocab, bench.FULL), bench.make_workload(vocab, bench.FULL)
+    assert first == again and len(first) == bench.FULL.num_requests
+    low, high = bench.FULL.output_len
+    assert all(low <= item.output_len <= high for item in first)
+    assert all(0 <= t < vocab for item in first for t in item.prompt)
+    # Heterogeneous, heavy-tailed: the longest output is several times the median.
+    lengths = sorted(item.output_len for item in first)
+    assert lengths[-1] > 3 * lengths[len(lengths) // 2]
+
+
+def test_ours_and_transformers_make_the_same_useful_tokens(
+    tiny_model_dir: Path, workload: list[bench.WorkItem]
+) -> None:
+    ours = bench.run_ours(LLM(model=tiny_model_dir), workload)
+    assert ours.seconds > 0
+    assert ours.output_lens == [item.output_len for item in workload]
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    pad_id = transformers.AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
+    result = bench.run_hf(hf.eval(), workload, HF_BATCH_SIZE, pad_id)
+    assert result.seconds > 0
+    assert result.useful_tokens == bench.useful_tokens(workload)
+    # A heterogeneous static batch always pads some prompts and decodes past some outputs.
+    assert 0 < result.decode_waste < 1 and 0 < result.prefill_waste < 1
+    batches = [workload[i : i + HF_BATCH_SIZE] for i in range(0, len(workload), HF_BATCH_SIZE)]
+    slots = sum(len(b) * max(item.output_len for item in b) for b in batches)
+    assert result.decode_waste == pytest.approx(1 - bench.useful_tokens(workload) / slots)
+
+
+def test_workload_flops_formula() -> None:
+    config = ModelConfig.from_dict(
+        {
+            "model_type": "llama",
+            "vocab_size": 10,
+            "hidden_size": 4,
+            "intermediate_size": 6,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 2,
+        }
+    )
+    # W = 2 layers * (4*2*(2*2 + 2*1) + 3*4*6) = 240, H = 40; prompt 3 + output 2 -> n = 4.
+    flops = bench.workload_flops(config, [bench.WorkItem([1, 2, 3], 2)])
+    assert flops == 2 * 240 * 4 + 2 * 40 * 2 + 4 * 2 * 2 * 2 * (1 + 2 + 3 + 4)
+
+
+def test_scheduler_step_time_with_256_running() -> None:
+    seconds = bench.scheduler_step_seconds(num_running=256, steps=20)
+    assert 0 < seconds < 1
+
+
+def test_registered_as_pdserve_bench_engine() -> None:
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    args = parser.parse_args(["engine", "--quick"])
+    assert args.quick and args.hf_batch_size == bench.HF_BATCH_SIZE
+    assert bench_cli.BENCHMARKS["engine"] == bench.__name__
