@@ -67,13 +67,16 @@ class Scheduler:
         preempted = False
         # Decodes before unfinished prompt chunks, so a long prompt's chunk can never take the
         # budget that running streams need for their next token.
-        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        chunks = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for request in decodes + chunks:
             if budget == 0:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = self._chunk(request, budget)
-            while not self.block_pool.can_allocate(self._blocks_needed(request, n)):
+            need = self._blocks_needed(request, n)
+            while not self.block_pool.can_allocate(need):
                 victim = self._preempt_one()
                 preempted = True
                 if victim in scheduled:
@@ -81,7 +84,8 @@ class Scheduler:
                 if victim == request.request_id:
                     break
             else:
-                self._allocate(request, n)
+                if need:
+                    request.block_ids += self.block_pool.allocate(need)
                 scheduled[request.request_id] = ScheduledRequest(request, n)
                 budget -= n
         # Admitting more right after preempting would only preempt again.
@@ -129,11 +133,6 @@ class Scheduler:
     def _blocks_needed(self, request: Request, num_new_tokens: int) -> int:
         total = request.num_computed_tokens + num_new_tokens
         return max(0, -(-total // self.block_size) - len(request.block_ids))
-
-    def _allocate(self, request: Request, num_new_tokens: int) -> None:
-        need = self._blocks_needed(request, num_new_tokens)
-        if need:
-            request.block_ids += self.block_pool.allocate(need)
 
     def _admit(self, request: Request, budget: int) -> bool:
         """Takes the request's cached prefix and blocks for its first chunk, if they fit."""
