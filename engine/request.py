@@ -68,10 +68,6 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def token_ids_between(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)
         if end <= n:

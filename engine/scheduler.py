@@ -119,11 +119,15 @@ class Scheduler:
         full = request.num_computed_tokens // self.block_size
         if full == first or not self.block_pool.enable_caching:
             return
-        if len(request.block_hashes) < full:
-            tokens = request.token_ids_between(0, full * self.block_size)
-            extend_block_hashes(request.block_hashes, tokens, self.block_size, request.cache_salt)
+        self._hash_blocks(request, full)
         for i in range(first, full):
             self.block_pool.cache(request.block_ids[i], request.block_hashes[i])
+
+    def _hash_blocks(self, request: Request, num_blocks: int) -> None:
+        """Extends the request's hash chain to its first ``num_blocks`` full blocks."""
+        if len(request.block_hashes) < num_blocks:
+            tokens = request.token_ids_between(0, num_blocks * self.block_size)
+            extend_block_hashes(request.block_hashes, tokens, self.block_size, request.cache_salt)
 
     def _chunk(self, request: Request, budget: int) -> int:
         n = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -138,9 +142,8 @@ class Scheduler:
         """Takes the request's cached prefix and blocks for its first chunk, if they fit."""
         # The last prompt token is always recomputed: its logits are needed to sample.
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        extend_block_hashes(
-            request.block_hashes, request.all_token_ids, self.block_size, request.cache_salt
-        )
+        if self.block_pool.enable_caching:
+            self._hash_blocks(request, max_hit_blocks)
         hits = self.block_pool.lookup(request.block_hashes, max_hit_blocks)
         num_hit_tokens = len(hits) * self.block_size
         request.num_computed_tokens = num_hit_tokens
