@@ -1,13 +1,12 @@
 """The offline API, shaped like vLLM's: ``LLM(model=DIR).generate(prompts, SamplingParams())``."""
 
-import dataclasses
 import itertools
 from collections.abc import Sequence
 
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams, fan_out
 from pdserve.engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -44,7 +43,7 @@ class LLM:
         try:
             for prompt, params in zip(prompts, sampling_params, strict=True):
                 parent_id = str(next(self._ids))
-                for index, child_params in enumerate(_fan_out(params)):
+                for index, child_params in enumerate(fan_out(params)):
                     child_id = f"{parent_id}-{index}"
                     request = self.engine.add_request(child_id, prompt, child_params)
                     children[child_id] = (parent_id, index)
@@ -70,13 +69,3 @@ class LLM:
         for output in results.values():
             output.finished = True
         return list(results.values())
-
-
-def _fan_out(params: SamplingParams) -> list[SamplingParams]:
-    """n completions become n requests; seeded ones get distinct, reproducible seeds."""
-    if params.n == 1:
-        return [params]
-    return [
-        dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
-        for i in range(params.n)
-    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Temperatures below this mean greedy (vLLM's _SAMPLING_EPS): dividing by ~0 overflows the logits.
 GREEDY_EPS = 1e-5
@@ -115,3 +115,13 @@ class SamplingParams:
             or self.frequency_penalty != 0
             or self.repetition_penalty != 1
         )
+
+
+def fan_out(params: SamplingParams) -> list[SamplingParams]:
+    """n completions become n requests; seeded ones get distinct, reproducible seeds."""
+    if params.n == 1:
+        return [params]
+    return [
+        replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+        for i in range(params.n)
+    ]
