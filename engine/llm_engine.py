@@ -2,6 +2,7 @@
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -14,13 +15,21 @@ from pdserve.engine.output_processor import OutputProcessor
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.runner import ModelRunner
-from pdserve.engine.sampler import Sampler, SamplingRow, make_generator
+from pdserve.engine.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import Scheduler
 from pdserve.engine.stats import EngineStats
 from pdserve.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RemoteKVSlots:
+    """Where a peer's prompt KV goes: the request's blocks, of which the first few hit locally."""
+
+    block_ids: list[int]
+    num_cached_blocks: int
 
 
 class LLMEngine:
@@ -35,14 +44,15 @@ class LLMEngine:
         self.device = torch.device(config.device)
         model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
         num_blocks = num_kv_blocks(self.model_config, config)
-        kv_cache = allocate_kv_cache(self.model_config, config, num_blocks)
+        self.kv_cache = allocate_kv_cache(self.model_config, config, num_blocks)
         self.block_pool = BlockPool(num_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_pool, self.max_model_len)
-        self.runner = ModelRunner(model, kv_cache, config.block_size)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size)
         eos_ids = set(self.model_config.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(sorted(eos_ids), seed=config.seed)
         self.output_processor = OutputProcessor(self.tokenizer, eos_ids, self.max_model_len)
         self._requests: dict[str, Request] = {}
+        self._held_kv: dict[str, list[int]] = {}  # finished hold_kv requests' blocks
         logger.info(
             "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d",
             config.model,
@@ -59,35 +69,60 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: str = "",
+        hold_kv: bool = False,
     ) -> Request:
-        """Validates and queues a request; bad input raises ``RequestError`` and queues nothing."""
-        if request_id in self._requests:
-            raise RequestError(f"request id {request_id!r} is already in use", "request_id")
-        text = prompt if isinstance(prompt, str) else None
-        # "" is refused like [], though encoding it could yield a lone BOS token.
-        token_ids = list(prompt) if text is None else (self.tokenizer.encode(text) if text else [])
-        self._validate_prompt(token_ids)
-        generator = make_generator(params, self.device)
-        request = Request(
-            request_id,
-            token_ids,
-            params,
-            prompt=text,
-            priority=priority,
-            cache_salt=cache_salt,
-            generator=generator,
-        )
-        need = self.scheduler.max_blocks(request)
-        if need > self.block_pool.num_blocks:
-            raise RequestError(
-                f"prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
-                f"{need} KV blocks; the cache has {self.block_pool.num_blocks}",
-                "max_tokens",
-            )
+        """Validates and queues a request; bad input raises ``RequestError`` and queues nothing.
+
+        ``hold_kv`` (prefill role): when the request finishes, its blocks are held for a peer to
+        read instead of freed; ``take_held_kv`` hands them over and ``free_kv`` returns them.
+        """
+        request = self._new_request(request_id, prompt, params, priority, cache_salt)
+        request.hold_kv = hold_kv
         self._requests[request_id] = request
         self.output_processor.add(request)
         self.scheduler.add(request)
         return request
+
+    def add_remote_prefilled(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        cache_salt: str = "",
+    ) -> RemoteKVSlots | None:
+        """Decode role: reserves blocks for a prompt whose KV a peer computed.
+
+        Returns where the peer's blocks go, or None (nothing reserved) when the blocks do not fit
+        now. The caller fills ``slots.block_ids[slots.num_cached_blocks:]`` and then calls
+        ``complete_remote_prefill``, or ``recompute_remote_prefill`` if the transfer failed. It
+        must not abort the request while a transfer still writes into its blocks.
+        """
+        request = self._new_request(request_id, prompt_token_ids, params, priority, cache_salt)
+        if not self.scheduler.reserve_remote(request):
+            return None
+        self._requests[request_id] = request
+        self.output_processor.add(request)
+        return RemoteKVSlots(
+            list(request.block_ids), request.num_cached_tokens // self.config.block_size
+        )
+
+    def complete_remote_prefill(self, request_id: str, first_token: int) -> RequestOutput:
+        """The prompt's KV has landed: the peer's first token is emitted and decoding goes on."""
+        request = self._requests[request_id]
+        self.scheduler.activate_remote(request)
+        return self._append_token(request, first_token, None, time.monotonic())
+
+    def recompute_remote_prefill(self, request_id: str) -> None:
+        """The transfer failed: the request is queued to prefill here instead."""
+        self.scheduler.requeue_remote(self._requests[request_id])
+
+    def take_held_kv(self, request_id: str) -> list[int]:
+        """Prefill role: the blocks a finished ``hold_kv`` request left; the caller frees them."""
+        return self._held_kv.pop(request_id)
+
+    def free_kv(self, block_ids: list[int]) -> None:
+        self.block_pool.free(block_ids)
 
     def abort_request(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
@@ -129,19 +164,59 @@ class LLMEngine:
         ]
         sampled = self.sampler(logits, rows)
         now = time.monotonic()
-        outputs = []
-        for request, token_id, logprobs in zip(
-            requests, sampled.token_ids, sampled.logprobs, strict=True
-        ):
-            request.token_times.append(now)
-            delta, status = self.output_processor.append_token(request, token_id, logprobs)
-            if status is not None:
-                self.scheduler.finish(request, status)
-                request.finished_time = now
-                delta.metrics = request.metrics()
-                del self._requests[request.request_id]
-            outputs.append(delta)
-        return outputs
+        return [
+            self._append_token(request, token_id, logprobs, now)
+            for request, token_id, logprobs in zip(
+                requests, sampled.token_ids, sampled.logprobs, strict=True
+            )
+        ]
+
+    def _append_token(
+        self, request: Request, token_id: int, logprobs: TokenLogprobs | None, now: float
+    ) -> RequestOutput:
+        request.token_times.append(now)
+        delta, status = self.output_processor.append_token(request, token_id, logprobs)
+        if status is not None:
+            if request.hold_kv:
+                self._held_kv[request.request_id] = request.block_ids
+                request.block_ids = []
+            self.scheduler.finish(request, status)
+            request.finished_time = now
+            delta.metrics = request.metrics()
+            del self._requests[request.request_id]
+        return delta
+
+    def _new_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: int,
+        cache_salt: str,
+    ) -> Request:
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in use", "request_id")
+        text = prompt if isinstance(prompt, str) else None
+        # "" is refused like [], though encoding it could yield a lone BOS token.
+        token_ids = list(prompt) if text is None else (self.tokenizer.encode(text) if text else [])
+        self._validate_prompt(token_ids)
+        request = Request(
+            request_id,
+            token_ids,
+            params,
+            prompt=text,
+            priority=priority,
+            cache_salt=cache_salt,
+            generator=make_generator(params, self.device),
+        )
+        need = self.scheduler.max_blocks(request)
+        if need > self.block_pool.num_blocks:
+            raise RequestError(
+                f"prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
+                f"{need} KV blocks; the cache has {self.block_pool.num_blocks}",
+                "max_tokens",
+            )
+        return request
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:

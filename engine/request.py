@@ -13,6 +13,7 @@ from pdserve.engine.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_KV = "waiting_for_kv"  # blocks reserved; the prompt's KV is coming from a peer
     RUNNING = "running"
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
@@ -20,7 +21,11 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+        return self not in (
+            RequestStatus.WAITING,
+            RequestStatus.WAITING_FOR_KV,
+            RequestStatus.RUNNING,
+        )
 
 
 @dataclass
@@ -40,6 +45,7 @@ class Request:
         default_factory=list
     )  # of the full blocks of known tokens
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    hold_kv: bool = False  # prefill role: on finish its blocks are held for a peer, not freed
     # time.monotonic() seconds: arrival, each generated token (the first is TTFT), finish
     arrival_time: float = field(default_factory=time.monotonic)
     token_times: list[float] = field(default_factory=list)

@@ -6,6 +6,10 @@ waiting requests are admitted in queue order (FCFS, or by ``priority``) while th
 Blocks are taken as tokens need them. When a running request needs a block and none is free, the
 most recently admitted request is preempted by recompute: its blocks go back (usually staying in the
 prefix cache) and it returns to the front of the queue.
+
+A request whose prompt KV comes from a peer (decode role) skips the queue: ``reserve_remote`` takes
+its cached prefix and blocks for the rest of the prompt at once, and ``activate_remote`` makes it a
+running decode when the transfer has landed.
 """
 
 import heapq
@@ -37,6 +41,7 @@ class Scheduler:
         self.block_size = config.block_size
         self.waiting: list[tuple[tuple[int, int], Request]] = []  # heap on (priority, arrival)
         self.running: list[Request] = []  # in admission order: the last is preempted first
+        self.awaiting_kv: dict[str, Request] = {}  # blocks reserved, prompt KV in transit
         self._order: dict[str, tuple[int, int]] = {}
         self._arrivals = itertools.count()
         self.num_preemptions = 0
@@ -47,11 +52,49 @@ class Scheduler:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.awaiting_kv)
 
     def add(self, request: Request) -> None:
-        priority = request.priority if self.config.scheduling_policy == "priority" else 0
-        self._order[request.request_id] = (priority, next(self._arrivals))
+        self._set_order(request)
+        heapq.heappush(self.waiting, (self._order[request.request_id], request))
+
+    def reserve_remote(self, request: Request) -> bool:
+        """Takes the prompt's cached prefix and blocks for the rest, for a peer to fill.
+
+        Returns False, reserving nothing, when the blocks do not fit now.
+        """
+        num_prompt_blocks = -(-request.num_prompt_tokens // self.block_size)
+        # Every full prompt block may hit: no prompt token is recomputed here.
+        max_hit_blocks = request.num_prompt_tokens // self.block_size
+        if self.block_pool.enable_caching:
+            self._hash_blocks(request, max_hit_blocks)
+        hits = self.block_pool.lookup(request.block_hashes, max_hit_blocks)
+        need = num_prompt_blocks - len(hits)
+        if not self.block_pool.can_allocate(need + self.block_pool.num_free_among(hits)):
+            return False
+        self.block_pool.take(hits)
+        self.block_pool.record_lookup(request.num_prompt_tokens, len(hits) * self.block_size)
+        request.block_ids = hits + self.block_pool.allocate(need)
+        request.num_cached_tokens = len(hits) * self.block_size
+        request.status = RequestStatus.WAITING_FOR_KV
+        self._set_order(request)
+        self.awaiting_kv[request.request_id] = request
+        return True
+
+    def activate_remote(self, request: Request) -> None:
+        """The prompt's KV has landed: the request runs as a decode, its prompt blocks cached."""
+        del self.awaiting_kv[request.request_id]
+        request.num_computed_tokens = request.num_prompt_tokens
+        self.cache_computed_blocks(request, request.num_prompt_tokens - request.num_cached_tokens)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def requeue_remote(self, request: Request) -> None:
+        """The transfer failed: the request gives its blocks back and queues to prefill here."""
+        del self.awaiting_kv[request.request_id]
+        self.block_pool.free(request.block_ids)
+        request.block_ids = []
+        request.status = RequestStatus.WAITING
         heapq.heappush(self.waiting, (self._order[request.request_id], request))
 
     def max_blocks(self, request: Request) -> int:
@@ -108,6 +151,8 @@ class Scheduler:
         elif request.status == RequestStatus.WAITING:
             self.waiting.remove((self._order[request.request_id], request))
             heapq.heapify(self.waiting)
+        elif request.status == RequestStatus.WAITING_FOR_KV:
+            del self.awaiting_kv[request.request_id]
         self._order.pop(request.request_id, None)
         request.status = status
         self.block_pool.free(request.block_ids)
@@ -159,6 +204,10 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         return True
+
+    def _set_order(self, request: Request) -> None:
+        priority = request.priority if self.config.scheduling_policy == "priority" else 0
+        self._order[request.request_id] = (priority, next(self._arrivals))
 
     def _preempt_one(self) -> str:
         """Preempts the most recently admitted running request (by recompute); returns its id."""
