@@ -1,0 +1,171 @@
+"""A worker's end of KV transfer: the part every backend shares.
+
+An owner (prefill role) ``export``s finished blocks under a lease and calls ``poll`` from its loop,
+which frees blocks whose reader said it is done or whose lease ran out. A reader (decode role)
+``add_peer``s the owner's ``PeerInfo`` once, then ``pull``s an export into its own block ids.
+With push, the reader hands out a ``push_target`` of blocks it reserved, the owner ``push``es into
+them, and the reader's ``receive_push`` completes when the bytes have landed. Every transfer is a
+``Transfer`` to poll; none blocks. A connector is not thread-safe: call it from one thread.
+"""
+
+import logging
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from pdserve.kvtransfer.handles import (
+    IncompatiblePeerError,
+    KVExport,
+    KVTransferError,
+    PeerInfo,
+    PushReceipt,
+    PushTarget,
+)
+from pdserve.kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.leases import LeaseTable
+from pdserve.kvtransfer.stats import TransferStats
+from pdserve.kvtransfer.transfer import Transfer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_TIMEOUT_SECONDS = 10.0
+# A pull must be able to finish this long before the owner's lease ends, or it is not started.
+LEASE_MARGIN_SECONDS = 1.0
+
+
+class KVConnector(ABC):
+    backend: str
+
+    def __init__(
+        self,
+        kv_cache: torch.Tensor,
+        layout: KVLayout,
+        free_blocks: Callable[[list[int]], None],
+        name: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        layout.check_cache(kv_cache)
+        self.kv_cache = kv_cache
+        self.layout = layout
+        self.name = name or f"pdserve-{uuid.uuid4().hex[:12]}"
+        self.num_blocks = kv_cache.shape[0]
+        self.block_bytes = kv_cache[0].numel() * kv_cache.element_size()
+        self.lease_seconds = lease_seconds
+        self.timeout = timeout
+        self.stats = TransferStats()
+        self._free_blocks = free_blocks
+        self._leases = LeaseTable(free_blocks, self.name)
+        self._peers: dict[str, PeerInfo] = {}
+
+    # -- both roles --------------------------------------------------------------------------
+
+    @abstractmethod
+    def peer_info(self) -> PeerInfo:
+        """This connector as peers need it; send it to them once."""
+
+    def add_peer(self, info: PeerInfo) -> None:
+        """Checks and connects a peer once; later calls with the same name are free."""
+        if info.name in self._peers:
+            return
+        if info.backend != self.backend:
+            raise IncompatiblePeerError(
+                f"peer {info.name} moves KV over {info.backend!r}, "
+                f"this worker over {self.backend!r}"
+            )
+        differences = self.layout.differences(info.layout)
+        if differences:
+            raise IncompatiblePeerError(
+                f"peer {info.name} has an incompatible KV cache (ours != theirs): "
+                + "; ".join(differences)
+            )
+        self._connect(info)
+        self._peers[info.name] = info
+
+    def poll(self) -> None:
+        """Owner bookkeeping, from the worker's loop: frees blocks of finished or expired leases."""
+        self._handle_notifications()
+        self.stats.num_leases_expired += len(self._leases.expire())
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return self._leases.num_pinned_blocks
+
+    def close(self) -> None:
+        """Frees every block still under a lease."""
+        self._leases.release_all()
+
+    # -- owner ------------------------------------------------------------------------------
+
+    def export(self, block_ids: list[int]) -> KVExport:
+        """Makes blocks readable by a peer until the lease ends; they stay pinned till then."""
+        lease_id, expires_at = self._leases.grant(block_ids, self.lease_seconds)
+        return KVExport(self.name, tuple(block_ids), lease_id, expires_at)
+
+    @abstractmethod
+    def push(self, target: PushTarget, block_ids: list[int]) -> tuple[Transfer, PushReceipt]:
+        """Writes our blocks into the reader's reserved ones, then frees ours.
+
+        The caller passes the receipt on to the reader, whose ``receive_push`` completes when the
+        bytes have landed.
+        """
+
+    # -- reader -----------------------------------------------------------------------------
+
+    def pull(self, export: KVExport, block_ids: list[int]) -> Transfer:
+        """Reads an owner's exported blocks into ours; the owner is told when they are in."""
+        if export.owner not in self._peers:
+            raise KVTransferError(f"unknown peer {export.owner}: add_peer its PeerInfo first")
+        self._check_lengths(len(export.block_ids), len(block_ids))
+        time_left = export.expires_at - time.time() - LEASE_MARGIN_SECONDS
+        if time_left <= 0:
+            self.stats.num_failures += 1
+            raise KVTransferError(f"the lease on {export.owner}'s blocks has run out")
+        return self._start_pull(export, block_ids, min(self.timeout, time_left))
+
+    def push_target(self, block_ids: list[int], transfer_id: str) -> PushTarget:
+        """Names reserved blocks for an owner to push into."""
+        return PushTarget(self.peer_info(), tuple(block_ids), transfer_id)
+
+    @abstractmethod
+    def receive_push(self, target: PushTarget, receipt: PushReceipt) -> Transfer:
+        """Completes when the owner's push into ``target`` has landed."""
+
+    # -- backends ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def _connect(self, info: PeerInfo) -> None: ...
+
+    @abstractmethod
+    def _start_pull(self, export: KVExport, block_ids: list[int], timeout: float) -> Transfer: ...
+
+    @abstractmethod
+    def _handle_notifications(self) -> None:
+        """Acts on what peers told the owner: blocks read (release their lease), pushes landed."""
+
+    def _transfer(
+        self,
+        what: str,
+        poll_fn: Callable[[], bool],
+        num_blocks: int,
+        timeout: float | None = None,
+        on_end: Callable[[bool], None] | None = None,
+    ) -> Transfer:
+        return Transfer(
+            what,
+            poll_fn,
+            self.timeout if timeout is None else timeout,
+            self.stats,
+            num_blocks,
+            self.block_bytes,
+            on_end,
+        )
+
+    @staticmethod
+    def _check_lengths(num_src: int, num_dst: int) -> None:
+        if num_src != num_dst:
+            raise KVTransferError(f"{num_src} source blocks for {num_dst} destination blocks")

@@ -1,0 +1,56 @@
+"""Blocks an owner has exported stay pinned until the reader says it is done or the lease ends."""
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class _Lease:
+    block_ids: list[int]
+    expires_at: float  # time.time() seconds: peers on other hosts compare against it
+
+
+class LeaseTable:
+    def __init__(self, free_blocks: Callable[[list[int]], None], prefix: str) -> None:
+        self._free_blocks = free_blocks
+        self._prefix = prefix
+        self._ids = itertools.count()
+        self._leases: dict[str, _Lease] = {}
+        self.num_expired = 0
+
+    def grant(self, block_ids: list[int], seconds: float) -> tuple[str, float]:
+        """Pins the blocks; returns the lease id and its expiry time."""
+        lease_id = f"{self._prefix}:{next(self._ids)}"
+        expires_at = time.time() + seconds
+        self._leases[lease_id] = _Lease(list(block_ids), expires_at)
+        return lease_id, expires_at
+
+    def release(self, lease_id: str) -> bool:
+        """Frees a lease's blocks; False if it already ended (released or expired)."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            return False
+        self._free_blocks(lease.block_ids)
+        return True
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Frees every lease past its expiry; returns their ids."""
+        now = time.time() if now is None else now
+        ended = [lease_id for lease_id, lease in self._leases.items() if lease.expires_at <= now]
+        for lease_id in ended:
+            self.release(lease_id)
+        self.num_expired += len(ended)
+        return ended
+
+    def release_all(self) -> None:
+        for lease_id in list(self._leases):
+            self.release(lease_id)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return sum(len(lease.block_ids) for lease in self._leases.values())
+
+    def __len__(self) -> int:
+        return len(self._leases)
