@@ -1,0 +1,50 @@
+"""From an API request to the engine's inputs: prompt token ids, a completion budget that fits
+the model, and sampling params; bad input raises ``RequestError`` naming the field."""
+
+from typing import Any
+
+import jinja2
+
+from pdserve.engine.errors import RequestError
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.tokenizer import Tokenizer
+from pdserve.router.errors import context_length_error
+from pdserve.router.openai_requests import ChatCompletionRequest, CompletionRequest
+
+
+def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> list[list[int]]:
+    # Text is encoded as the offline engine encodes it (with the tokenizer's special tokens).
+    return [p if isinstance(p, list) else tokenizer.encode(p) for p in request.prompts]
+
+
+def chat_prompt(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    try:
+        return tokenizer.apply_chat_template(
+            request.chat(),
+            add_generation_prompt=request.add_generation_prompt,
+            tokenize=True,
+            **(request.chat_template_kwargs or {}),
+        )
+    except (ValueError, jinja2.TemplateError) as error:  # no template, or the template refused
+        raise RequestError(f"cannot apply the chat template: {error}", "messages") from error
+
+
+def completion_budget(
+    requested: int | None, prompt_lens: list[int], max_model_len: int, prompt_field: str
+) -> int:
+    """``max_tokens`` as requested, or the rest of the context after the longest prompt; refuses
+    a prompt plus completion that does not fit (vLLM refuses it rather than cutting it short).
+    ``prompt_field`` names the prompt's request field in the error."""
+    longest = max(prompt_lens)
+    max_tokens = max_model_len - longest if requested is None else requested
+    # A max_tokens < 1 is left to SamplingParams' own message; it fits whenever the prompt does.
+    if longest + max(max_tokens, 1) > max_model_len:
+        raise context_length_error(max_model_len, longest, max(max_tokens, 1), prompt_field)
+    return max_tokens
+
+
+def sampling_params(**kwargs: Any) -> SamplingParams:
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as error:  # SamplingParams' messages start with the field's name
+        raise RequestError(str(error), str(error).split(" ", 1)[0]) from error

@@ -1,0 +1,38 @@
+"""An ``EngineClient`` over an ``AsyncLLMEngine`` in this process (tests, one-process serving)."""
+
+from collections.abc import AsyncIterator
+
+from pdserve.engine.async_engine import AsyncLLMEngine
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.errors import EngineStoppedError
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.sampling_params import SamplingParams
+
+
+class LocalEngineClient:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.max_model_len = engine.engine.max_model_len
+        self.tokenizer = engine.engine.tokenizer
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, model_name: str) -> "LocalEngineClient":
+        return cls(AsyncLLMEngine(config), model_name)
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        return self.engine.generate(request_id, prompt_token_ids, params, priority)
+
+    async def check_health(self) -> None:
+        # AsyncLLMEngine has no public liveness flag yet; its loop thread ends on shutdown or crash.
+        if not self.engine._thread.is_alive():
+            raise EngineStoppedError("engine is shut down")
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,162 @@
+"""Servers for the end-to-end tests: the OpenAI HTTP app under uvicorn and the gRPC servicer under
+``grpc.aio``, each on a free port in a background thread, over real engines on the tiny model.
+
+Three engines serve as three models: ``tiny`` (normal), ``tiny-overloaded`` (admits nothing:
+``max_waiting_requests=0``) and ``tiny-stopped`` (shut down; its servers only report errors).
+"""
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+import uvicorn
+
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.llm import LLM
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.router.engine_client import EngineClient
+from pdserve.router.grpc_service import GenerationServicer, start_grpc_server
+from pdserve.router.http_app import build_http_app
+from pdserve.router.local_client import LocalEngineClient
+
+MODEL = "tiny"
+OVERLOADED_MODEL = "tiny-overloaded"
+STOPPED_MODEL = "tiny-stopped"
+NUM_KV_BLOCKS = 256  # 4,096 tokens: plenty for these tests, and a small cache to allocate
+SMALL_NUM_KV_BLOCKS = 16
+STARTUP_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 30.0  # generous: CPU steps slow down a lot on a busy machine
+POLL_S = 0.02
+
+
+def _client(model_dir: Path, name: str, **engine_args: int) -> LocalEngineClient:
+    return LocalEngineClient.from_config(EngineConfig(model=str(model_dir), **engine_args), name)
+
+
+@pytest.fixture(scope="session")
+def local_client(tiny_model_dir: Path) -> Iterator[LocalEngineClient]:
+    client = _client(tiny_model_dir, MODEL, num_kv_blocks=NUM_KV_BLOCKS)
+    yield client
+    client.shutdown()
+
+
+@pytest.fixture(scope="session")
+def overloaded_client(tiny_model_dir: Path) -> Iterator[LocalEngineClient]:
+    client = _client(
+        tiny_model_dir, OVERLOADED_MODEL, num_kv_blocks=SMALL_NUM_KV_BLOCKS, max_waiting_requests=0
+    )
+    yield client
+    client.shutdown()
+
+
+@pytest.fixture(scope="session")
+def stopped_client(tiny_model_dir: Path) -> LocalEngineClient:
+    client = _client(tiny_model_dir, STOPPED_MODEL, num_kv_blocks=SMALL_NUM_KV_BLOCKS)
+    client.shutdown()
+    return client
+
+
+@pytest.fixture(scope="session")
+def clients(
+    local_client: LocalEngineClient, overloaded_client: LocalEngineClient
+) -> dict[str, EngineClient]:
+    return {MODEL: local_client, OVERLOADED_MODEL: overloaded_client}
+
+
+@contextmanager
+def _http_server(clients: dict[str, EngineClient]) -> Iterator[str]:
+    config = uvicorn.Config(build_http_app(clients), host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(POLL_S)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+@pytest.fixture(scope="session")
+def http_url(clients: dict[str, EngineClient]) -> Iterator[str]:
+    """The base URL (no /v1) of the HTTP app serving ``tiny`` and ``tiny-overloaded``."""
+    with _http_server(clients) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def stopped_http_url(stopped_client: LocalEngineClient) -> Iterator[str]:
+    with _http_server({STOPPED_MODEL: stopped_client}) as url:
+        yield url
+
+
+@contextmanager
+def _grpc_server(clients: dict[str, EngineClient]) -> Iterator[grpc.Channel]:
+    # grpc.aio needs a running loop: give the server one of its own, in a thread.
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="grpc-aio", daemon=True)
+    thread.start()
+    start = start_grpc_server(GenerationServicer(clients), "127.0.0.1:0")
+    server, port = asyncio.run_coroutine_threadsafe(start, loop).result(STARTUP_TIMEOUT_S)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(STARTUP_TIMEOUT_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+@pytest.fixture(scope="session")
+def grpc_channel(clients: dict[str, EngineClient]) -> Iterator[grpc.Channel]:
+    with _grpc_server(clients) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="session")
+def stopped_grpc_channel(stopped_client: LocalEngineClient) -> Iterator[grpc.Channel]:
+    with _grpc_server({STOPPED_MODEL: stopped_client}) as channel:
+        yield channel
+
+
+@pytest.fixture
+def aborted(local_client: LocalEngineClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The request ids the ``tiny`` engine is told to abort: proof that an abort, not a natural
+    end, finished them."""
+    engine = local_client.engine.engine
+    calls: list[str] = []
+    real_abort = engine.abort_request
+    monkeypatch.setattr(engine, "abort_request", lambda rid: (calls.append(rid), real_abort(rid)))
+    return calls
+
+
+@pytest.fixture(scope="session")
+def offline(tiny_model_dir: Path) -> LLM:
+    """The offline engine, whose greedy outputs the servers must reproduce token for token."""
+    return LLM(model=str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+
+
+@pytest.fixture(scope="session")
+def wait_idle() -> Callable[[LLMEngine], None]:
+    """Waits until ``engine`` has no unfinished request, then checks every KV block is free."""
+
+    def wait(engine: LLMEngine) -> None:
+        deadline = time.monotonic() + IDLE_TIMEOUT_S
+        while engine.has_unfinished_requests():
+            assert time.monotonic() < deadline, "the engine is still busy"
+            time.sleep(POLL_S)
+        stats = engine.stats()
+        assert stats.num_free_blocks == engine.block_pool.num_blocks, stats
+
+    return wait
