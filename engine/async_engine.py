@@ -3,6 +3,10 @@
 Only the engine thread touches the ``LLMEngine`` (it is not thread-safe). Callers send commands
 (add, abort, stop) through a thread-safe queue; the thread applies them between steps and hands
 each delta to its request's event loop with ``call_soon_threadsafe``.
+
+In a disaggregated cluster the same thread drives KV transfer (``remote_kv.py``): it exports the
+blocks of finished ``hold_kv`` requests, and polls the transfers of requests whose prompt KV is
+coming from a peer, which join the batch when it lands (or prefill here if it failed).
 """
 
 import asyncio
@@ -11,63 +15,22 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.errors import EngineOverloadedError, EngineStoppedError, RequestError
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
+from pdserve.engine.remote_kv import KVHooks, RemoteKV
 from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.request_stream import RequestStream
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
-
-class _Stream:
-    # One request's side on its event loop: the add's outcome, then its output. Deltas the consumer
-    # has not taken yet merge into one chunk, so a slow consumer gets fewer, bigger chunks.
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.added = self.loop.create_future()
-        self.chunk: RequestOutput | None = None
-        self.error: BaseException | None = None
-        self.ready = asyncio.Event()
-
-    def send(self, method: Callable[..., None], *args: Any) -> bool:
-        # Called from the engine thread; False when the caller's loop is closed (nobody listens).
-        try:
-            self.loop.call_soon_threadsafe(method, *args)
-        except RuntimeError:
-            return False
-        return True
-
-    def settle(self, error: BaseException | None) -> None:
-        if self.added.done():  # generate() was cancelled while waiting for the add
-            return
-        if error is None:
-            self.added.set_result(None)
-        else:
-            self.added.set_exception(error)
-
-    def put(self, delta: RequestOutput) -> None:
-        if self.chunk is None:
-            self.chunk = delta
-        else:
-            self.chunk.add(delta)
-        self.ready.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.ready.set()
-
-    async def get(self) -> RequestOutput:
-        while self.chunk is None and self.error is None:
-            self.ready.clear()
-            await self.ready.wait()
-        if self.chunk is None:
-            raise self.error
-        chunk, self.chunk = self.chunk, None
-        return chunk
+# How long the idle loop sleeps on its queue between looks at in-flight transfers, and at leases.
+TRANSFER_POLL_S = 0.0005
+LEASE_POLL_S = 0.05
 
 
 @dataclass
@@ -76,18 +39,38 @@ class _Add:
     prompt: str | list[int]
     params: SamplingParams
     priority: int
-    stream: _Stream
+    stream: RequestStream
+    hold_kv: bool = False
+    remote_kv: RemoteKV | None = None
+
+
+@dataclass
+class _Transfer:
+    """A request whose prompt KV is in transit; an abort waits for the transfer to end."""
+
+    remote_kv: RemoteKV
+    aborted: bool = False
 
 
 @dataclass
 class _Abort:
     request_id: str
-    stream: _Stream | None  # None: abort whoever holds the id; else only that stream's request
+    # None: abort whoever holds the id; else only that stream's request
+    stream: RequestStream | None
 
 
 class AsyncLLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv_hooks: Callable[[LLMEngine], KVHooks] | None = None,
+    ) -> None:
+        """``kv_hooks`` builds the KV transfer layer over the engine (its cache, its pool)."""
         self.engine = LLMEngine(config)
+        self._kv_hooks = None if kv_hooks is None else kv_hooks(self.engine)
+        self._transfers: dict[str, _Transfer] = {}  # engine thread only
+        self.num_transfer_failures = 0  # remote prefills recomputed here instead
+        self.stats: EngineStats = self.engine.stats()  # a snapshot, renewed by the engine thread
         self.max_waiting_requests = config.max_waiting_requests
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()  # None: stop
         # Guards the admission counters and `_closed`, so no add can slip in behind the stop.
@@ -95,7 +78,7 @@ class AsyncLLMEngine:
         self._closed = False
         self._reported_waiting = 0  # scheduler.num_waiting as of the engine thread's last look
         self._pending_adds = 0  # adds submitted but not yet applied by the engine thread
-        self._targets: dict[str, tuple[_Stream, Request]] = {}  # engine thread only
+        self._targets: dict[str, tuple[RequestStream, Request]] = {}  # engine thread only
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
         self._thread.start()
 
@@ -105,16 +88,23 @@ class AsyncLLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         priority: int = 0,
+        hold_kv: bool = False,
+        remote_kv: RemoteKV | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Streams a request's output as delta chunks of one or more tokens; the last is finished.
 
         Before any chunk, raises the engine's validation error (``RequestError``, ``ValueError``),
         ``EngineOverloadedError`` or ``EngineStoppedError``. Closing the iterator aborts it.
+        ``hold_kv`` (prefill role): a request finished by length hands its blocks to the KV hooks,
+        whose handle is the last chunk's ``kv_transfer_params``. ``remote_kv`` (decode role): the
+        prompt's KV comes from a peer, with its first token, which the first chunk carries.
         """
         if params.n != 1:
             raise RequestError("n > 1 is not supported here: send n requests instead", "n")
-        stream = _Stream()
-        self._submit_add(_Add(request_id, prompt, params, priority, stream))
+        if hold_kv and self._kv_hooks is None:
+            raise RequestError("hold_kv needs an engine built with kv_hooks", "hold_kv")
+        stream = RequestStream()
+        self._submit_add(_Add(request_id, prompt, params, priority, stream, hold_kv, remote_kv))
         finished = False
         try:
             await stream.added
@@ -125,6 +115,14 @@ class AsyncLLMEngine:
         finally:
             if not finished:
                 self._submit_abort(_Abort(request_id, stream))
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    def check_health(self) -> None:
+        if not self.is_running:
+            raise EngineStoppedError("engine is shut down")
 
     def abort(self, request_id: str) -> None:
         """Aborts a request from any thread; its stream ends with a chunk finished by "abort"."""
@@ -169,8 +167,10 @@ class AsyncLLMEngine:
         run one step, hand out the deltas. On exit every stream and pending add gets an error."""
         try:
             while self._apply_commands():
-                if self.engine.has_unfinished_requests():
+                self._poll_kv()
+                if self.engine.has_runnable_requests():
                     self._step()
+                self.stats = self.engine.stats()
         finally:  # a crash here is still reported by threading.excepthook
             with self._lock:
                 self._closed = True
@@ -183,12 +183,18 @@ class AsyncLLMEngine:
                     command.stream.send(command.stream.settle, stopped)
 
     def _apply_commands(self) -> bool:
-        # Returns False once told to stop.
-        block = not self.engine.has_unfinished_requests()
+        # Returns False once told to stop. Sleeps on the queue only when there is nothing to run,
+        # and then not past the next look at transfers or leases.
+        timeout = None
+        if self._transfers:
+            timeout = TRANSFER_POLL_S
+        elif self._kv_hooks is not None:
+            timeout = LEASE_POLL_S
+        block = not self.engine.has_runnable_requests()
         num_adds = 0
         try:
             while True:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=timeout if block else None)
                 block = False
                 if command is None:
                     return False
@@ -205,9 +211,7 @@ class AsyncLLMEngine:
     def _add(self, command: _Add) -> None:
         stream = command.stream
         try:
-            request = self.engine.add_request(
-                command.request_id, command.prompt, command.params, priority=command.priority
-            )
+            request = self._add_to_engine(command)
         except Exception as error:  # validation errors belong to the caller, not to this loop
             stream.send(stream.settle, error)
             return
@@ -215,24 +219,69 @@ class AsyncLLMEngine:
         # If the caller's loop is gone, the request's first delta finds out and aborts it.
         stream.send(stream.settle, None)
 
+    def _add_to_engine(self, command: _Add) -> Request:
+        engine, request_id = self.engine, command.request_id
+        remote_kv = command.remote_kv
+        if remote_kv is not None:
+            slots = engine.add_remote_prefilled(
+                request_id, command.prompt, command.params, command.priority
+            )
+            if slots is not None:
+                self._transfers[request_id] = _Transfer(remote_kv)
+                try:
+                    remote_kv.start(slots)
+                except Exception:
+                    self._transfer_failed(request_id)
+                return engine.get_request(request_id)
+            # No room for the prompt's blocks now: prefill it here, queued like any other.
+            logger.info("%s: no KV blocks free for the remote prefill; prefilling here", request_id)
+        return engine.add_request(
+            request_id, command.prompt, command.params, command.priority, hold_kv=command.hold_kv
+        )
+
+    def _poll_kv(self) -> None:
+        if self._kv_hooks is not None:
+            self._kv_hooks.poll()
+        for request_id, transfer in list(self._transfers.items()):
+            try:
+                if not transfer.remote_kv.poll():
+                    continue
+            except Exception:
+                self._transfer_failed(request_id)
+                continue
+            del self._transfers[request_id]
+            if transfer.aborted:  # its stream has ended already
+                self.engine.abort_request(request_id)
+            else:
+                remote_kv = transfer.remote_kv
+                delta = self.engine.complete_remote_prefill(
+                    request_id, remote_kv.first_token, remote_kv.first_logprobs
+                )
+                self._dispatch(delta)
+
+    def _transfer_failed(self, request_id: str) -> None:
+        # Nothing writes into the request's blocks any more: safe to free or reuse them.
+        transfer = self._transfers.pop(request_id)
+        logger.warning("%s: KV transfer failed; prefilling here", request_id, exc_info=True)
+        self.num_transfer_failures += 1
+        if transfer.aborted:
+            self.engine.abort_request(request_id)
+        else:
+            self.engine.recompute_remote_prefill(request_id)
+
     def _abort(self, command: _Abort) -> None:
         stream, request = self._targets.get(command.request_id, (None, None))
         # A closing stream whose add failed (e.g. a duplicate id) must not abort the id's owner.
         if request is None or command.stream not in (None, stream):
             return
         del self._targets[command.request_id]
-        self.engine.abort_request(command.request_id)
+        transfer = self._transfers.get(command.request_id)
+        if transfer is not None:  # blocks still being written: freed when the transfer ends
+            transfer.aborted = True
+        else:
+            self.engine.abort_request(command.request_id)
         completion = CompletionOutput(0, finish_reason=RequestStatus.FINISHED_ABORTED.value)
-        final = RequestOutput(
-            request.request_id,
-            request.prompt,
-            request.prompt_token_ids,
-            [completion],
-            finished=True,
-            num_cached_tokens=request.num_cached_tokens,
-            metrics=request.metrics(),
-        )
-        stream.send(stream.put, final)
+        stream.send(stream.put, RequestOutput.delta(request, completion, request.metrics()))
 
     def _step(self) -> None:
         try:
@@ -244,11 +293,17 @@ class AsyncLLMEngine:
         finally:
             self._publish_waiting(0)
         for delta in outputs:
-            stream, _ = self._targets[delta.request_id]
-            if delta.finished:
-                del self._targets[delta.request_id]
-            if not stream.send(stream.put, delta) and not delta.finished:
-                self._abort(_Abort(delta.request_id, None))
+            self._dispatch(delta)
+
+    def _dispatch(self, delta: RequestOutput) -> None:
+        stream, request = self._targets[delta.request_id]
+        if delta.finished:
+            del self._targets[delta.request_id]
+            if request.hold_kv and delta.outputs[0].finish_reason == "length":
+                held = self.engine.take_held_kv(delta.request_id)
+                delta.kv_transfer_params = self._kv_hooks.export(delta.request_id, held)
+        if not stream.send(stream.put, delta) and not delta.finished:
+            self._abort(_Abort(delta.request_id, None))
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, (stream, _) in self._targets.items():

@@ -37,9 +37,7 @@ class LLM:
                 f"got {len(sampling_params)} sampling params for {len(prompts)} prompts"
             )
         results: dict[str, RequestOutput] = {}
-        children: dict[
-            str, tuple[str, int]
-        ] = {}  # child request id -> (parent id, completion index)
+        children: dict[str, tuple[str, int]] = {}  # child id -> (parent id, completion index)
         try:
             for prompt, params in zip(prompts, sampling_params, strict=True):
                 parent_id = str(next(self._ids))
@@ -59,13 +57,10 @@ class LLM:
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():
                     parent_id, index = children[delta.request_id]
-                    results[parent_id].outputs[index].add(delta.outputs[0])
-                    results[parent_id].num_cached_tokens = delta.num_cached_tokens
-                    results[parent_id].metrics = delta.metrics or results[parent_id].metrics
+                    delta.outputs[0].index = index  # each child is the engine's completion 0
+                    results[parent_id].add(delta)
         except BaseException:
             for child_id in children:
                 self.engine.abort_request(child_id)
             raise
-        for output in results.values():
-            output.finished = True
         return list(results.values())

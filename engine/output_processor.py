@@ -55,14 +55,7 @@ class OutputProcessor:
             finish_reason=None if status is None else status.value,
             stop_reason=request.stop_reason,
         )
-        delta = RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[completion],
-            finished=status is not None,
-            num_cached_tokens=request.num_cached_tokens,
-        )
+        delta = RequestOutput.delta(request, completion)
         if status is not None:
             self.remove(request.request_id)
         return delta, status

@@ -1,7 +1,10 @@
 """What the engine hands back: per-step deltas that add up to a finished request's output."""
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # request.py imports RequestMetrics from here
+    from pdserve.engine.request import Request
 
 
 class Logprob(NamedTuple):
@@ -50,14 +53,32 @@ class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
+    outputs: list[CompletionOutput]  # outputs[i].index == i
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None  # set on the final delta
+    # Prefill role: what a peer needs to read the finished request's held KV (vLLM's name).
+    kv_transfer_params: Any = None
+
+    @classmethod
+    def delta(
+        cls, request: "Request", completion: CompletionOutput, metrics: RequestMetrics | None = None
+    ) -> "RequestOutput":
+        """One step's output of ``request``; finished when ``completion`` has a finish reason."""
+        return cls(
+            request.request_id,
+            request.prompt,
+            request.prompt_token_ids,
+            [completion],
+            finished=completion.finish_reason is not None,
+            num_cached_tokens=request.num_cached_tokens,
+            metrics=metrics,
+        )
 
     def add(self, delta: "RequestOutput") -> None:
-        for mine, new in zip(self.outputs, delta.outputs, strict=True):
-            mine.add(new)
+        """Joins a later delta: each of its completions into the one with the same index."""
+        for new in delta.outputs:
+            self.outputs[new.index].add(new)
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
         self.metrics = delta.metrics or self.metrics
