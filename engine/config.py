@@ -185,3 +185,7 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def effective_max_model_len(self, model: ModelConfig) -> int:
+        """The context the engine serves: ``max_model_len`` capped by what the model supports."""
+        return min(self.max_model_len or model.max_model_len, model.max_model_len)

@@ -12,7 +12,7 @@ from pdserve.engine.errors import ContextLengthError, RequestError
 from pdserve.engine.kv_cache import allocate_kv_cache, num_kv_blocks
 from pdserve.engine.loader import load_model
 from pdserve.engine.output_processor import OutputProcessor
-from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.outputs import PositionLogprobs, RequestOutput
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
@@ -36,10 +36,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
-        self.max_model_len = min(
-            config.max_model_len or self.model_config.max_model_len,
-            self.model_config.max_model_len,
-        )
+        self.max_model_len = config.effective_max_model_len(self.model_config)
         self.tokenizer = Tokenizer.from_pretrained(config.model)
         self.device = torch.device(config.device)
         model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
@@ -73,8 +70,8 @@ class LLMEngine:
     ) -> Request:
         """Validates and queues a request; bad input raises ``RequestError`` and queues nothing.
 
-        ``hold_kv`` (prefill role): when the request finishes, its blocks are held for a peer to
-        read instead of freed; ``take_held_kv`` hands them over and ``free_kv`` returns them.
+        ``hold_kv`` (prefill role): when the request finishes by length, its blocks are held for a
+        peer to read instead of freed; ``take_held_kv`` hands them over, ``free_kv`` returns them.
         """
         request = self._new_request(request_id, prompt, params, priority, cache_salt)
         request.hold_kv = hold_kv
@@ -107,15 +104,24 @@ class LLMEngine:
             list(request.block_ids), request.num_cached_tokens // self.config.block_size
         )
 
-    def complete_remote_prefill(self, request_id: str, first_token: int) -> RequestOutput:
-        """The prompt's KV has landed: the peer's first token is emitted and decoding goes on."""
+    def complete_remote_prefill(
+        self, request_id: str, first_token: int, first_logprobs: PositionLogprobs | None = None
+    ) -> RequestOutput:
+        """The prompt's KV has landed: the peer's first token (with the logprobs the peer
+        computed for it, if asked for) is emitted and decoding goes on."""
         request = self._requests[request_id]
         self.scheduler.activate_remote(request)
-        return self._append_token(request, first_token, None, time.monotonic())
+        delta = self._append_token(request, first_token, None, time.monotonic())
+        if first_logprobs is not None:
+            delta.outputs[0].logprobs = [first_logprobs]
+        return delta
 
     def recompute_remote_prefill(self, request_id: str) -> None:
         """The transfer failed: the request is queued to prefill here instead."""
         self.scheduler.requeue_remote(self._requests[request_id])
+
+    def get_request(self, request_id: str) -> Request:
+        return self._requests[request_id]
 
     def take_held_kv(self, request_id: str) -> list[int]:
         """Prefill role: the blocks a finished ``hold_kv`` request left; the caller frees them."""
@@ -133,6 +139,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
+
+    def has_runnable_requests(self) -> bool:
+        """Whether a step would do anything: requests waiting or running, not awaiting KV."""
+        return self.scheduler.num_unfinished > len(self.scheduler.awaiting_kv)
 
     def stats(self) -> EngineStats:
         pool = self.block_pool
@@ -177,7 +187,8 @@ class LLMEngine:
         request.token_times.append(now)
         delta, status = self.output_processor.append_token(request, token_id, logprobs)
         if status is not None:
-            if request.hold_kv:
+            # Held only when capped by length: a request that stopped has nothing to continue.
+            if request.hold_kv and status == RequestStatus.FINISHED_LENGTH:
                 self._held_kv[request.request_id] = request.block_ids
                 request.block_ids = []
             self.scheduler.finish(request, status)
