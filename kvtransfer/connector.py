@@ -116,16 +116,26 @@ class KVConnector(ABC):
 
     # -- reader -----------------------------------------------------------------------------
 
-    def pull(self, export: KVExport, block_ids: list[int]) -> Transfer:
-        """Reads an owner's exported blocks into ours; the owner is told when they are in."""
+    def pull(self, export: KVExport, block_ids: list[int], skip: int = 0) -> Transfer:
+        """Reads an owner's exported blocks, but the first ``skip`` (cached here), into ours.
+
+        The owner is told when they are in, which ends its lease.
+        """
         if export.owner not in self._peers:
             raise KVTransferError(f"unknown peer {export.owner}: add_peer its PeerInfo first")
-        self._check_lengths(len(export.block_ids), len(block_ids))
+        self._check_lengths(len(export.block_ids) - skip, len(block_ids))
         time_left = export.expires_at - time.time() - LEASE_MARGIN_SECONDS
         if time_left <= 0:
             self.stats.num_failures += 1
             raise KVTransferError(f"the lease on {export.owner}'s blocks has run out")
-        return self._start_pull(export, block_ids, min(self.timeout, time_left))
+        if not block_ids:  # every block is cached here: nothing to read
+            self.release(export)
+            return self._transfer(f"pull of no blocks from {export.owner}", lambda: True, 0)
+        return self._start_pull(export, skip, block_ids, min(self.timeout, time_left))
+
+    @abstractmethod
+    def release(self, export: KVExport) -> None:
+        """Tells the owner its exported blocks are no longer needed (without reading them)."""
 
     def push_target(self, block_ids: list[int], transfer_id: str) -> PushTarget:
         """Names reserved blocks for an owner to push into."""
@@ -141,7 +151,9 @@ class KVConnector(ABC):
     def _connect(self, info: PeerInfo) -> None: ...
 
     @abstractmethod
-    def _start_pull(self, export: KVExport, block_ids: list[int], timeout: float) -> Transfer: ...
+    def _start_pull(
+        self, export: KVExport, skip: int, block_ids: list[int], timeout: float
+    ) -> Transfer: ...
 
     @abstractmethod
     def _handle_notifications(self) -> None:

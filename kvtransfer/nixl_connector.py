@@ -114,16 +114,21 @@ class NixlConnector(KVConnector):
             info.name, self._descriptors(info), info.mem_type
         )
 
-    def _start_pull(self, export: KVExport, block_ids: list[int], timeout: float) -> Transfer:
+    def _start_pull(
+        self, export: KVExport, skip: int, block_ids: list[int], timeout: float
+    ) -> Transfer:
         return self._post(
             "READ",
             f"pull of {len(block_ids)} blocks from {export.owner}",
             export.owner,
             block_ids,
-            list(export.block_ids),
+            list(export.block_ids[skip:]),
             f"{_RELEASE}:{export.lease_id}",
             timeout,
         )
+
+    def release(self, export: KVExport) -> None:
+        self._agent.send_notif(export.owner, f"{_RELEASE}:{export.lease_id}".encode())
 
     def _post(
         self,

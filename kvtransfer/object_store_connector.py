@@ -44,6 +44,7 @@ class ObjectStoreConnector(KVConnector):
             receipt.payload,
             list(target.block_ids),
             self.timeout,
+            0,
         )
 
     def _connect(self, info: PeerInfo) -> None:
@@ -52,16 +53,21 @@ class ObjectStoreConnector(KVConnector):
     def _handle_notifications(self) -> None:
         """Nothing to hear: exports hold no lease, and a push's bytes ride in its receipt."""
 
-    def _start_pull(self, export: KVExport, block_ids: list[int], timeout: float) -> Transfer:
+    def _start_pull(
+        self, export: KVExport, skip: int, block_ids: list[int], timeout: float
+    ) -> Transfer:
         what = f"pull of {len(block_ids)} blocks from {export.owner}"
-        return self._copy_in(what, export.payload, block_ids, timeout)
+        return self._copy_in(what, export.payload, block_ids, timeout, skip)
+
+    def release(self, export: KVExport) -> None:
+        """Nothing to tell: the owner freed its blocks at export."""
 
     def _put(self, block_ids: list[int]) -> ray.ObjectRef:
         # Fancy indexing copies: [n, layers, 2, block_size, kv_heads, head_dim].
         return ray.put(self.kv_cache[torch.tensor(block_ids)].cpu().numpy())
 
     def _copy_in(
-        self, what: str, payload: ray.ObjectRef, block_ids: list[int], timeout: float
+        self, what: str, payload: ray.ObjectRef, block_ids: list[int], timeout: float, skip: int
     ) -> Transfer:
         def arrived() -> bool:
             ready, _ = ray.wait([payload], timeout=0)
@@ -70,7 +76,7 @@ class ObjectStoreConnector(KVConnector):
             blocks = ray.get(payload)  # raises if the owner died and took the object with it
             with warnings.catch_warnings():  # read-only shared memory: we only read it
                 warnings.simplefilter("ignore", UserWarning)
-                source = torch.from_numpy(blocks)
+                source = torch.from_numpy(blocks[skip:])
             self.kv_cache[torch.tensor(block_ids)] = source.to(self.kv_cache.device)
             return True
 
