@@ -1,4 +1,4 @@
-# The two commands: `make demo` (later `make serve`) and `make test`. Each sets itself up on a fresh machine.
+# The two commands: `make serve` and `make test`. Each sets itself up on a fresh machine.
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,7 @@ MODEL_DIR ?= models/tiny
 # torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test lint demo model bench-engine clean
+.PHONY: setup test lint serve demo model clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: lint
 
 model: setup
 	$(VENV)/bin/pdserve make-model --preset tiny --out $(MODEL_DIR)
+
+# Local Ray cluster, router + 1 prefill + 1 decode replica on the built-in tiny model; Ctrl-C stops it.
+serve: model
+	$(VENV)/bin/pdserve serve --model $(MODEL_DIR)
 
 demo: model
 	$(VENV)/bin/pdserve generate --model $(MODEL_DIR) --prompt "The cache holds" --max-tokens 24

@@ -8,6 +8,7 @@ SUBCOMMANDS = {
     "make-model": "pdserve.cluster.make_model",
     "generate": "pdserve.cluster.generate",
     "bench": "pdserve.cluster.bench",
+    "serve": "pdserve.cluster.serve",
 }
 
 

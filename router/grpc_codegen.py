@@ -5,17 +5,18 @@ whenever the .proto is newer, so the modules can never drift from it. protoc wri
 the path a .proto has under its include root, so the file is staged at
 ``pdserve/router/_generated/pdserve.proto``: the generated service module then imports its
 messages as ``pdserve.router._generated.pdserve_pb2``, with no edits to generated code.
-``python -m pdserve.router.grpc_codegen`` regenerates by hand.
+``python -m pdserve.router.grpc_codegen`` regenerates by hand. protoc runs in a child process:
+its compiler library crashes a process that has loaded NIXL's own protobuf.
 """
 
 import importlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
-
-from grpc_tools import protoc
 
 PROTO = Path(__file__).with_name("pdserve.proto")
 OUTPUT_DIR = Path(__file__).with_name("_generated")
@@ -38,18 +39,22 @@ def generate() -> None:
         shutil.copyfile(PROTO, staged)
         out = Path(tmp, "out")
         out.mkdir()
-        status = protoc.main(
+        run = subprocess.run(
             [
+                sys.executable,
+                "-m",
                 "grpc_tools.protoc",
                 f"-I{Path(tmp, 'in')}",
                 f"--python_out={out}",
                 f"--pyi_out={out}",
                 f"--grpc_python_out={out}",
                 str(staged),
-            ]
+            ],
+            capture_output=True,
+            text=True,
         )
-        if status != 0:
-            raise RuntimeError(f"protoc failed on {PROTO} (exit status {status})")
+        if run.returncode != 0:
+            raise RuntimeError(f"protoc failed on {PROTO} ({run.returncode}): {run.stderr}")
         Path(out, *PACKAGE.split("."), "__init__.py").touch()
         produced = Path(out, *PACKAGE.split("."))
         for name in ("__init__.py", f"{MODULES[0]}.pyi", *(f"{m}.py" for m in MODULES)):

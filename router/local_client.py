@@ -4,7 +4,6 @@ from collections.abc import AsyncIterator
 
 from pdserve.engine.async_engine import AsyncLLMEngine
 from pdserve.engine.config import EngineConfig
-from pdserve.engine.errors import EngineStoppedError
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
 
@@ -30,9 +29,7 @@ class LocalEngineClient:
         return self.engine.generate(request_id, prompt_token_ids, params, priority)
 
     async def check_health(self) -> None:
-        # AsyncLLMEngine has no public liveness flag yet; its loop thread ends on shutdown or crash.
-        if not self.engine._thread.is_alive():
-            raise EngineStoppedError("engine is shut down")
+        self.engine.check_health()
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -1,0 +1,46 @@
+"""The Serve application: per model a prefill pool and a decode pool, and the router in front.
+
+``build_app`` is the app builder for ``serve run``/``serve deploy``
+(``import_path: pdserve.cluster.app:build_app``); its args are a ``ClusterConfig`` (or
+``{"config": "path/to.yaml"}``). A model with ``prefill.replicas: 0`` is served aggregated: its
+decode replicas prefill every prompt themselves.
+"""
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from pdserve.cluster.config import ClusterConfig, PoolConfig, ServedModel
+from pdserve.decode_worker.worker import DecodeWorker
+from pdserve.prefill_worker.worker import PrefillWorker
+from pdserve.router.ingress import Router
+
+ROUTER_NUM_CPUS = 0.0
+
+
+def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Application:
+    deployment = serve.deployment(
+        cls,
+        name=f"{role}-{served.name}",
+        num_replicas=pool.replicas,
+        ray_actor_options={"num_cpus": pool.num_cpus, "resources": dict(pool.resources)},
+    )
+    return deployment.bind(served.model_dump())
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    config = (
+        ClusterConfig.from_yaml(args["config"])
+        if set(args) == {"config"}
+        else ClusterConfig.model_validate(args)
+    )
+    prefill, decode = {}, {}
+    for served in config.models:
+        if served.disaggregated:
+            prefill[served.name] = _pool(PrefillWorker, "prefill", served.prefill, served)
+        decode[served.name] = _pool(DecodeWorker, "decode", served.decode, served)
+    router = serve.deployment(
+        Router, name="router", ray_actor_options={"num_cpus": ROUTER_NUM_CPUS}
+    )
+    return router.bind([m.model_dump() for m in config.models], prefill, decode)

@@ -1,0 +1,101 @@
+"""The deployment config: one typed schema for the CLI, Serve YAML (``build_app`` args) and tests.
+
+pydantic validates at the YAML/CLI edge; the engine still takes its frozen ``EngineConfig``,
+built here from each model's ``engine`` section (the same names as ``EngineConfig``'s fields).
+"""
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pdserve.engine.config import EngineConfig
+
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 9000
+# Prompts with fewer uncached tokens than this prefill on the decode replica (aggregated path).
+DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 128
+DEFAULT_ROUTING_STATS_PERIOD_S = 0.5
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Strict):
+    """One worker pool: how many replicas, and what each needs from Ray."""
+
+    replicas: int = Field(1, ge=0)
+    num_cpus: float = Field(0.0, ge=0)  # a replica's engine thread shares the node's cores
+    resources: dict[str, float] = {}  # custom Ray resources, e.g. {"prefill_node": 1}
+
+
+class RoutingConfig(_Strict):
+    local_prefill_max_tokens: int = Field(DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ge=0)
+    kv_overlap_weight: float = Field(1.0, ge=0)  # prefill: score of each cached prompt token
+    load_weight: float = Field(1.0, ge=0)  # score of each queued token / active block
+    stats_period_s: float = Field(DEFAULT_ROUTING_STATS_PERIOD_S, gt=0)
+
+
+class SLAConfig(_Strict):
+    """Targets for the planner (a later issue); carried now so configs need not change."""
+
+    ttft_ms: float = Field(500.0, gt=0)
+    itl_ms: float = Field(50.0, gt=0)
+
+
+class KVTransferConfig(_Strict):
+    backend: Literal["auto", "nixl", "object_store"] = "auto"
+    mode: Literal["pull", "push"] = "pull"
+    lease_seconds: float = Field(30.0, gt=0)
+    timeout_seconds: float = Field(10.0, gt=0)
+    on_failure: Literal["recompute", "fail"] = "recompute"
+
+
+class ServedModel(_Strict):
+    """One served model: where it is, its engine knobs and its two pools."""
+
+    name: str
+    path: str
+    engine: dict[str, Any] = {}  # EngineConfig fields except `model`
+    prefill: PoolConfig = PoolConfig()
+    decode: PoolConfig = PoolConfig()
+    routing: RoutingConfig = RoutingConfig()
+    kv_transfer: KVTransferConfig = KVTransferConfig()
+    sla: SLAConfig = SLAConfig()
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_args_are_known(cls, engine: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(engine) - (set(EngineConfig.__dataclass_fields__) - {"model"})
+        if unknown:
+            raise ValueError(f"unknown engine args: {', '.join(sorted(unknown))}")
+        return engine
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's own frozen config; raises ValueError on bad values."""
+        return EngineConfig(model=self.path, **self.engine)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill.replicas > 0
+
+
+class ClusterConfig(_Strict):
+    models: list[ServedModel] = Field(min_length=1)
+    http_host: str = "0.0.0.0"
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+
+    @field_validator("models")
+    @classmethod
+    def _names_are_unique(cls, models: list[ServedModel]) -> list[ServedModel]:
+        names = [m.name for m in models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        return models
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "ClusterConfig":
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()))

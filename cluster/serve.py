@@ -1,0 +1,103 @@
+"""Serve models on Ray: router + prefill + decode pools, until Ctrl-C (``pdserve serve``).
+
+With no arguments: makes the built-in tiny model if missing, starts a local Ray cluster and deploys
+one prefill and one decode replica behind the router. ``--config`` takes a deployment YAML
+(``ClusterConfig``); ``--model`` serves one HF checkpoint with the pool flags.
+"""
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from pdserve.cluster.config import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
+    ClusterConfig,
+)
+
+APP_NAME = "pdserve"
+DEFAULT_MODEL_DIR = Path("models/tiny")
+GRPC_SERVICER = "pdserve.router.grpc_service.add_GenerationServicer_to_server"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--config", help="deployment YAML (see README: configuration)")
+    source.add_argument("--model", help=f"HF checkpoint dir (default: {DEFAULT_MODEL_DIR}, made)")
+    parser.add_argument("--name", help="served model name (default: the directory's name)")
+    parser.add_argument("--prefill-replicas", type=int, default=1, help="0: aggregated")
+    parser.add_argument("--decode-replicas", type=int, default=1)
+    parser.add_argument(
+        "--local-prefill-max-tokens", type=int, default=DEFAULT_LOCAL_PREFILL_MAX_TOKENS
+    )
+    parser.add_argument("--kv-backend", choices=["auto", "nixl", "object_store"], default="auto")
+    parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per replica")
+    parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
+    parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
+    parser.add_argument("--address", help="join a running Ray cluster (e.g. auto); default: local")
+
+
+def cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    if args.config:
+        return ClusterConfig.from_yaml(args.config)
+    model_dir = Path(args.model) if args.model else DEFAULT_MODEL_DIR
+    if not args.model and not (model_dir / "config.json").is_file():
+        from pdserve.cluster.make_model import make_model
+
+        make_model("tiny", model_dir)
+    engine = {} if args.num_kv_blocks is None else {"num_kv_blocks": args.num_kv_blocks}
+    model = {
+        "name": args.name or model_dir.name,
+        "path": str(model_dir.resolve()),
+        "engine": engine,
+        "prefill": {"replicas": args.prefill_replicas},
+        "decode": {"replicas": args.decode_replicas},
+        "routing": {"local_prefill_max_tokens": args.local_prefill_max_tokens},
+        "kv_transfer": {"backend": args.kv_backend},
+    }
+    return ClusterConfig(models=[model], http_port=args.http_port, grpc_port=args.grpc_port)
+
+
+def start(config: ClusterConfig, address: str | None = None) -> None:
+    """Starts (or joins) Ray, then Serve's HTTP and gRPC proxies, and deploys the app."""
+    import ray
+    from ray import serve
+    from ray.serve.config import gRPCOptions
+
+    from pdserve.cluster.app import build_app
+
+    ray.init(address=address, include_dashboard=False)
+    serve.start(
+        http_options={"host": config.http_host, "port": config.http_port},
+        grpc_options=gRPCOptions(port=config.grpc_port, grpc_servicer_functions=[GRPC_SERVICER]),
+    )
+    serve.run(build_app(config.model_dump()), name=APP_NAME, route_prefix="/")
+
+
+def stop() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def run(args: argparse.Namespace) -> int:
+    config = cluster_config(args)
+    stopping = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    start(config, args.address)
+    try:
+        names = ", ".join(m.name for m in config.models)
+        print(f"pdserve: serving {names}", flush=True)
+        print(f"  HTTP (OpenAI): http://localhost:{config.http_port}/v1", flush=True)
+        print(f"  gRPC:          localhost:{config.grpc_port}", flush=True)
+        print("  Ctrl-C stops the cluster", flush=True)
+        stopping.wait()
+    finally:
+        print("pdserve: shutting down", flush=True)
+        stop()
+    return 0

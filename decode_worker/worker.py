@@ -1,0 +1,52 @@
+"""The decode pool's replica: its own continuous-batching loop, fed by prompts it prefills itself
+(aggregated path) or by requests a prefill replica began, whose KV it pulls first."""
+
+from collections.abc import AsyncIterator
+
+from pdserve.cluster.config import ServedModel
+from pdserve.cluster.engine_setup import replica_stats, start_engine
+from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
+from pdserve.engine.outputs import RequestOutput
+from pdserve.kvtransfer.engine_hooks import PeerPull
+
+
+class DecodeWorker:
+    def __init__(self, served: dict) -> None:
+        self.served = ServedModel.model_validate(served)
+        self.engine, self.connector = start_engine(self.served)
+
+    async def generate(
+        self, work: GenerateRequest | RemotePrefilled
+    ) -> AsyncIterator[RequestOutput]:
+        """Streams the request's deltas; with a remote prefill, the first carries its token."""
+        remote_kv = None
+        request = work
+        if isinstance(work, RemotePrefilled):
+            request = work.request
+            prefill = work.prefill
+            first = prefill.first_output.outputs[0]
+            remote_kv = PeerPull(
+                self.connector,
+                prefill.owner,
+                prefill.kv,
+                first.token_ids[0],
+                first.logprobs[0] if first.logprobs else None,
+            )
+        async for chunk in self.engine.generate(
+            request.request_id,
+            request.prompt_token_ids,
+            request.params,
+            request.priority,
+            remote_kv=remote_kv,
+        ):
+            yield chunk
+
+    def stats(self) -> dict:
+        """This replica's engine and transfer state (the router reads it as routing stats)."""
+        return replica_stats(self.engine, self.connector)
+
+    def record_routing_stats(self) -> dict:
+        return self.stats()
+
+    async def check_health(self) -> None:
+        self.engine.check_health()

@@ -1,0 +1,49 @@
+"""The prefill pool's replica: runs prompts to their first token and holds the KV for a decoder.
+
+The engine batches and chunks prompts like any other; a request that will go on decoding is run
+with ``max_tokens=1`` and ``hold_kv``, so when its first token is sampled its blocks are exported
+under a lease (kvtransfer) instead of freed. The decode replica pulls them and ends the lease.
+"""
+
+import dataclasses
+
+from pdserve.cluster.config import ServedModel
+from pdserve.cluster.engine_setup import replica_stats, start_engine
+from pdserve.cluster.messages import GenerateRequest, PrefillResult
+from pdserve.engine.outputs import RequestOutput
+
+
+class PrefillWorker:
+    def __init__(self, served: dict) -> None:
+        self.served = ServedModel.model_validate(served)
+        self.engine, self.connector = start_engine(self.served)
+        self.peer_info = self.connector.peer_info()
+
+    async def prefill(self, request: GenerateRequest) -> PrefillResult:
+        params = request.params
+        decodes_on = params.max_tokens > 1
+        first_params = dataclasses.replace(
+            params, max_tokens=1, min_tokens=min(params.min_tokens, 1)
+        )
+        output: RequestOutput | None = None
+        async for chunk in self.engine.generate(
+            request.request_id,
+            request.prompt_token_ids,
+            first_params,
+            request.priority,
+            hold_kv=decodes_on,
+        ):
+            output = chunk
+        # Stopped at the first token (EOS, a stop): nothing was held, nothing to decode.
+        kv = output.kv_transfer_params if output.finish_reason == "length" else None
+        return PrefillResult(output, self.peer_info, kv)
+
+    def stats(self) -> dict:
+        """This replica's engine and transfer state (the router reads it as routing stats)."""
+        return replica_stats(self.engine, self.connector)
+
+    def record_routing_stats(self) -> dict:
+        return self.stats()
+
+    async def check_health(self) -> None:
+        self.engine.check_health()

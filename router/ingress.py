@@ -1,0 +1,40 @@
+"""The Serve ingress: the OpenAI HTTP app and the gRPC service over the pools of every model.
+
+HTTP goes through the FastAPI app ``build_http_app`` makes once the clients exist (Serve calls
+``__serve_build_asgi_app__`` after ``__init__``). Serve's gRPC proxy calls the methods named after
+the rpcs of ``pdserve.proto``, which this class inherits from ``GenerationServicer``.
+"""
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from pdserve.cluster.config import ServedModel
+from pdserve.router.grpc_service import GenerationServicer
+from pdserve.router.http_app import build_http_app
+from pdserve.router.serve_client import ServeEngineClient
+
+
+@serve.ingress()
+class Router(GenerationServicer):
+    def __init__(
+        self,
+        models: list[dict],
+        prefill: dict[str, DeploymentHandle],
+        decode: dict[str, DeploymentHandle],
+    ) -> None:
+        """``prefill`` lacks the models served without a prefill pool (aggregated)."""
+        clients = {}
+        for model in models:
+            served = ServedModel.model_validate(model)
+            clients[served.name] = ServeEngineClient(
+                served, prefill.get(served.name), decode[served.name]
+            )
+        super().__init__(clients)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_http_app(self.clients)
+
+    def route_decisions(self) -> dict[str, dict[str, int]]:
+        """Per model, how many requests took each path ("local" or "remote" prefill)."""
+        return {name: dict(client.route_decisions) for name, client in self.clients.items()}

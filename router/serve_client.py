@@ -1,0 +1,87 @@
+"""An ``EngineClient`` over the worker pools' Serve handles: the disaggregated request flow.
+
+A prompt whose uncached part is short (under ``local_prefill_max_tokens``), or any prompt when no
+prefill pool is configured, goes straight to a decode replica, which prefills it itself. Otherwise a
+prefill replica runs it to its first token and holds its KV under a lease; a decode replica pulls
+the KV and streams the rest, its first chunk carrying the prefill's token. Closing the stream
+cancels the calls, so the replicas abort the request and free its blocks.
+"""
+
+import collections
+import logging
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from ray.exceptions import RayTaskError
+from ray.serve.handle import DeploymentHandle
+
+from pdserve.cluster.config import ServedModel
+from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.errors import EngineStoppedError
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+Decision = Literal["local", "remote"]
+
+
+class ServeEngineClient:
+    def __init__(
+        self,
+        served: ServedModel,
+        prefill: DeploymentHandle | None,
+        decode: DeploymentHandle,
+    ) -> None:
+        self.served = served
+        self.model_name = served.name
+        self.max_model_len = served.engine_config().effective_max_model_len(
+            ModelConfig.from_pretrained(served.path)
+        )
+        self.tokenizer = Tokenizer.from_pretrained(served.path)
+        self._prefill = prefill
+        self._decode = decode.options(stream=True, method_name="generate")
+        self._health = decode.options(method_name="check_health")
+        self.route_decisions: collections.Counter[Decision] = collections.Counter()
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        request = GenerateRequest(request_id, prompt_token_ids, params, priority)
+        decision = self._decide(prompt_token_ids)
+        self.route_decisions[decision] += 1
+        work: GenerateRequest | RemotePrefilled = request
+        try:
+            if decision == "remote":
+                prefill = await self._prefill.prefill.remote(request)
+                if prefill.kv is None:  # it ended at its first token
+                    yield prefill.first_output
+                    return
+                work = RemotePrefilled(request, prefill)
+            stream = self._decode.remote(work)
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                stream.cancel()
+        except RayTaskError as error:  # the replica's own exception, e.g. a RequestError
+            raise error.cause from None
+
+    async def check_health(self) -> None:
+        try:
+            await self._health.remote()
+        except Exception as error:
+            raise EngineStoppedError(f"{self.model_name}: decode pool unhealthy: {error}") from None
+
+    def _decide(self, prompt_token_ids: list[int]) -> Decision:
+        if self._prefill is None:
+            return "local"
+        if len(prompt_token_ids) < self.served.routing.local_prefill_max_tokens:
+            return "local"
+        return "remote"
