@@ -5,7 +5,8 @@ which frees blocks whose reader said it is done or whose lease ran out. A reader
 ``add_peer``s the owner's ``PeerInfo`` once, then ``pull``s an export into its own block ids.
 With push, the reader hands out a ``push_target`` of blocks it reserved, the owner ``push``es into
 them, and the reader's ``receive_push`` completes when the bytes have landed. Every transfer is a
-``Transfer`` to poll; none blocks. A connector is not thread-safe: call it from one thread.
+``Transfer`` to poll; no call blocks for long (NIXL copies a chunk per poll). A connector is
+not thread-safe: call it from one thread.
 """
 
 import logging

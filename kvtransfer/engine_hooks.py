@@ -45,3 +45,6 @@ class PeerPull:
 
     def poll(self) -> bool:
         return self._transfer.poll()
+
+    def release(self) -> None:
+        self.connector.release(self.export)

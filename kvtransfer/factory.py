@@ -27,8 +27,8 @@ def make_connector(
         backend = "nixl" if nixl_shim.nixl_available() else "object_store"
         if backend == "object_store":
             logger.warning(
-                "NIXL is not importable (%s): KV blocks will move through Ray's object store, "
-                "which copies them twice and is much slower. Install nixl (nixl-cu12 on PyPI).",
+                "NIXL is not importable (%s): KV blocks will move through Ray's object store "
+                "(a copy in and a copy out on every transfer). Install nixl (nixl-cu12 on PyPI).",
                 nixl_shim.IMPORT_ERROR,
             )
     if backend == "nixl":

@@ -1,9 +1,11 @@
 """KV transfer over NIXL with its UCX backend: one-sided READ (pull) or WRITE (push) of blocks.
 
 The whole cache is registered once; each block is one descriptor (the layout is block-major), so a
-transfer names blocks by index in two prepared descriptor lists, ours and the peer's. A reader's
-READ carries ``release:<lease>`` as its notification, so the owner frees the blocks when it is done;
-an owner's WRITE carries ``push:<transfer id>`` so the reader knows the bytes have landed.
+transfer names blocks by index in two prepared descriptor lists, ours and the peer's, and is posted
+a chunk at a time (``nixl_xfer``). A reader's READ carries ``release:<lease>`` as its notification,
+so the owner frees the blocks when it is done; an owner's WRITE carries ``push:<transfer id>`` so
+the reader knows the bytes have landed. UCX's progress thread moves the bytes and notifications
+whether or not the worker's loop is polling, and sleeps on UCX's events when there are none.
 """
 
 import logging
@@ -15,18 +17,24 @@ from pdserve.kvtransfer import nixl_shim
 from pdserve.kvtransfer.connector import KVConnector
 from pdserve.kvtransfer.handles import (
     KVExport,
-    KVTransferError,
     PeerInfo,
     PushReceipt,
     PushTarget,
 )
 from pdserve.kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.nixl_xfer import ChunkedXfer
 from pdserve.kvtransfer.transfer import Transfer
 
 logger = logging.getLogger(__name__)
 
 _RELEASE = "release"
 _PUSHED = "push"
+# A transfer is posted this many bytes of blocks at a time, and each poll posts chunks for about
+# this long (see nixl_xfer): over cma, 4 MiB is a few ms of copying.
+CHUNK_BYTES = 4 * 2**20
+POST_BUDGET_SECONDS = 0.005
+# The longest UCX's progress thread sleeps between looks when no event wakes it.
+PROGRESS_DELAY_US = 10_000
 
 
 class NixlConnector(KVConnector):
@@ -37,13 +45,17 @@ class NixlConnector(KVConnector):
         kv_cache: torch.Tensor,
         layout: KVLayout,
         free_blocks: Callable[[list[int]], None],
+        chunk_bytes: int = CHUNK_BYTES,
+        post_budget: float = POST_BUDGET_SECONDS,
+        progress_delay_us: int = PROGRESS_DELAY_US,
         **kwargs,
     ) -> None:
         if not nixl_shim.nixl_available():
             raise RuntimeError(f"NIXL is not importable: {nixl_shim.IMPORT_ERROR}")
         super().__init__(kv_cache, layout, free_blocks, **kwargs)
-        config = nixl_shim.nixl_agent_config(backends=["UCX"])
-        self._agent = nixl_shim.nixl_agent(self.name, config)
+        self.chunk_bytes = chunk_bytes
+        self.post_budget = post_budget
+        self._agent = nixl_shim.make_agent(self.name, progress_delay_us)
         self._mem_type = "DRAM" if kv_cache.device.type == "cpu" else "VRAM"
         self._device_id = max(kv_cache.get_device(), 0)
         self._registered = self._agent.register_memory(kv_cache)
@@ -71,20 +83,16 @@ class NixlConnector(KVConnector):
         self._check_lengths(len(block_ids), len(target.block_ids))
         # Pinned until the write ends either way: the engine must not reuse blocks being read.
         lease_id, _ = self._leases.grant(block_ids, self.lease_seconds)
-        try:
-            transfer = self._post(
-                "WRITE",
-                f"push of {len(block_ids)} blocks to {target.reader.name}",
-                target.reader.name,
-                block_ids,
-                list(target.block_ids),
-                f"{_PUSHED}:{target.transfer_id}",
-                self.timeout,
-                on_end=lambda ok: self._leases.release(lease_id),
-            )
-        except KVTransferError:
-            self._leases.release(lease_id)
-            raise
+        transfer = self._post(
+            "WRITE",
+            f"push of {len(block_ids)} blocks to {target.reader.name}",
+            target.reader.name,
+            block_ids,
+            list(target.block_ids),
+            f"{_PUSHED}:{target.transfer_id}",
+            self.timeout,
+            on_end=lambda ok: self._leases.release(lease_id),
+        )
         return transfer, PushReceipt(self.name, target.transfer_id)
 
     def receive_push(self, target: PushTarget, receipt: PushReceipt) -> Transfer:
@@ -141,38 +149,27 @@ class NixlConnector(KVConnector):
         timeout: float,
         on_end: Callable[[bool], None] | None = None,
     ) -> Transfer:
-        agent = self._agent
-        try:
-            handle = agent.make_prepped_xfer(
-                op, self._local, local_ids, self._remote[peer], remote_ids, notification.encode()
-            )
-            posted = agent.transfer(handle)
-        except Exception as error:  # NIXL's own types, e.g. nixlRemoteDisconnectError
-            self.stats.num_failures += 1
-            raise KVTransferError(f"{what}: {type(error).__name__}: {error}") from error
-        if posted == "ERR":
-            handle.release()
-            self.stats.num_failures += 1
-            raise KVTransferError(f"{what}: NIXL refused to post the transfer")
-
-        def complete() -> bool:
-            state = agent.check_xfer_state(handle)
-            if state == "PROC":
-                return False
-            if state == "ERR":
-                raise KVTransferError(f"{what}: NIXL reported a transfer error")
-            return True
+        xfer = ChunkedXfer(
+            what,
+            self._agent,
+            op,
+            self._local,
+            local_ids,
+            self._remote[peer],
+            remote_ids,
+            notification.encode(),
+            max(1, self.chunk_bytes // self.block_bytes),
+            self.post_budget,
+        )
 
         def end(ok: bool) -> None:
-            try:
-                handle.release()  # NIXL cancels a transfer still in flight (a timed-out one)
-            except Exception:
-                # Not cancellable now: the handle stays with the agent, which frees it at teardown.
-                logger.warning("%s: could not release the NIXL transfer handle", what)
+            xfer.release()
             if on_end is not None:
                 on_end(ok)
 
-        return self._transfer(what, complete, len(local_ids), timeout, end)
+        transfer = self._transfer(what, xfer.poll, len(local_ids), timeout, end)
+        transfer.poll()  # posts the first chunk now: a peer that is gone fails this very call
+        return transfer
 
     def _handle_notifications(self) -> None:
         for messages in self._agent.get_new_notifs().values():

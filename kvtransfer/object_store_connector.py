@@ -1,10 +1,11 @@
 """The fallback: KV blocks travel through Ray's object store, where NIXL is not installed.
 
 An export copies the blocks into one object at once and frees them: the object, not the cache,
-carries the bytes from then on, and Ray frees it when the last holder of the export drops it. So
-this backend needs no lease and no notification; if the owner dies, Ray loses the object and the
-reader's transfer fails with the owner's death as its cause. A push is the same copy, handed to
-the reader inside the receipt.
+carries the bytes from then on, and Ray frees it when the last holder of the export drops it. Each
+side copies once: the owner block by block into the object store, the reader out of it straight
+into its blocks. So this backend needs no lease and no notification; if the owner dies, Ray loses
+the object and the reader's transfer fails with the owner's death as its cause. A push is the same
+copy, handed to the reader inside the receipt.
 """
 
 import warnings
@@ -63,8 +64,9 @@ class ObjectStoreConnector(KVConnector):
         """Nothing to tell: the owner freed its blocks at export."""
 
     def _put(self, block_ids: list[int]) -> ray.ObjectRef:
-        # Fancy indexing copies: [n, layers, 2, block_size, kv_heads, head_dim].
-        return ray.put(self.kv_cache[torch.tensor(block_ids)].cpu().numpy())
+        # One view per block, as bytes (numpy has no bfloat16): Ray pickles them out of band, so
+        # each block is copied once, straight into the object store, with no gathered temporary.
+        return ray.put([self.kv_cache[i].cpu().view(torch.uint8).numpy() for i in block_ids])
 
     def _copy_in(
         self, what: str, payload: ray.ObjectRef, block_ids: list[int], timeout: float, skip: int
@@ -76,8 +78,8 @@ class ObjectStoreConnector(KVConnector):
             blocks = ray.get(payload)  # raises if the owner died and took the object with it
             with warnings.catch_warnings():  # read-only shared memory: we only read it
                 warnings.simplefilter("ignore", UserWarning)
-                source = torch.from_numpy(blocks[skip:])
-            self.kv_cache[torch.tensor(block_ids)] = source.to(self.kv_cache.device)
+                for block_id, block in zip(block_ids, blocks[skip:], strict=True):
+                    self.kv_cache[block_id].view(torch.uint8).copy_(torch.from_numpy(block))
             return True
 
         return self._transfer(what, arrived, len(block_ids), timeout)

@@ -1,0 +1,183 @@
+"""One side of the KV-transfer benchmark: a Ray actor with a KV cache and a connector per backend.
+
+No engine: the cache has a model's layout and, on the owner's side, random contents, so a wrong
+or partial copy shows in the digests. Each method returns the seconds its connector calls took,
+and the longest of those calls, measured in the actor, so Ray's call overhead stays out of them;
+the driver's functions below time a transfer that way and end to end, Ray's calls included.
+"""
+
+import argparse
+import hashlib
+import time
+import uuid
+from collections.abc import Callable
+from functools import partial
+
+import ray
+import torch
+from ray.actor import ActorHandle
+
+from pdserve.benchmarks.kv_transfer import TRANSFERS, Mode, Timed
+from pdserve.engine.config import EngineConfig, ModelConfig
+from pdserve.engine.kv_cache import allocate_kv_cache
+from pdserve.kvtransfer import (
+    KVExport,
+    PeerInfo,
+    PushReceipt,
+    PushTarget,
+    Transfer,
+    make_connector,
+)
+from pdserve.kvtransfer.layout import KVLayout
+
+BACKENDS = ("nixl", "object_store")  # one connector each, over the same cache
+POLL_INTERVAL = 0.0005  # seconds between a transfer's polls, as Transfer.wait's
+# Connector seconds and the longest single call among them.
+Calls = tuple[float, float]
+
+
+def _keep_blocks(block_ids: list[int]) -> None:
+    """No block pool here: freed blocks stay where they are for the next repetition."""
+
+
+def _timed_wait(start: Callable[[], Transfer]) -> tuple[Transfer, Calls]:
+    """Starts a transfer and polls it to the end, as ``Transfer.wait`` does, timing each call."""
+    began = time.perf_counter()
+    transfer = start()
+    longest = time.perf_counter() - began
+    while True:
+        call = time.perf_counter()
+        done = transfer.poll()
+        longest = max(longest, time.perf_counter() - call)
+        if done:
+            return transfer, (time.perf_counter() - began, longest)
+        time.sleep(POLL_INTERVAL)
+
+
+@ray.remote(num_cpus=0)
+class BenchPeer:
+    def __init__(
+        self, model_dir: str, num_blocks: int, block_size: int, timeout: float, seed: int | None
+    ) -> None:
+        model = ModelConfig.from_pretrained(model_dir)
+        engine = EngineConfig(model=model_dir, block_size=block_size)
+        # [num_blocks, layers, 2, block_size, kv_heads, head_dim]
+        self.kv_cache = allocate_kv_cache(model, engine, num_blocks)
+        if seed is not None:
+            self.kv_cache.normal_(generator=torch.Generator().manual_seed(seed))
+        layout = KVLayout.of(model_dir, model, engine)
+        self.connectors = {
+            backend: make_connector(self.kv_cache, layout, _keep_blocks, backend, timeout=timeout)
+            for backend in BACKENDS
+        }
+
+    def info(self, backend: str) -> PeerInfo:
+        return self.connectors[backend].peer_info()
+
+    def add_peer(self, backend: str, info: PeerInfo) -> None:
+        self.connectors[backend].add_peer(info)
+
+    def export(self, backend: str, block_ids: list[int]) -> tuple[KVExport, float]:
+        connector = self.connectors[backend]
+        connector.poll()  # as an engine loop would: ends the leases of earlier pulls
+        start = time.perf_counter()
+        export = connector.export(block_ids)
+        return export, time.perf_counter() - start
+
+    def pull(self, backend: str, export: KVExport, block_ids: list[int]) -> Calls:
+        _, calls = _timed_wait(lambda: self.connectors[backend].pull(export, block_ids))
+        return calls
+
+    def push_target(self, backend: str, block_ids: list[int], transfer_id: str) -> PushTarget:
+        return self.connectors[backend].push_target(block_ids, transfer_id)
+
+    def push(
+        self, backend: str, target: PushTarget, block_ids: list[int]
+    ) -> tuple[PushReceipt, Calls]:
+        receipts = []
+
+        def start() -> Transfer:
+            transfer, receipt = self.connectors[backend].push(target, block_ids)
+            receipts.append(receipt)
+            return transfer
+
+        _, calls = _timed_wait(start)
+        return receipts[0], calls
+
+    def receive_push(self, backend: str, target: PushTarget, receipt: PushReceipt) -> Calls:
+        _, calls = _timed_wait(lambda: self.connectors[backend].receive_push(target, receipt))
+        return calls
+
+    def clear(self, block_ids: list[int]) -> None:
+        self.kv_cache[torch.tensor(block_ids)] = 0
+
+    def digest(self, block_ids: list[int]) -> str:
+        """A hash of the blocks' bytes, in the order given."""
+        blocks = self.kv_cache[torch.tensor(block_ids)]  # a gathered copy
+        return hashlib.blake2b(blocks.view(torch.uint8).numpy()).hexdigest()
+
+    def num_threads(self) -> int:
+        return torch.get_num_threads()
+
+    def idle_cpu(self, seconds: float) -> float:
+        """This process's CPU seconds per second while its connectors sit idle, all threads."""
+        start = time.process_time()
+        time.sleep(seconds)
+        return (time.process_time() - start) / seconds
+
+
+def start_peers(
+    model_dir: str, num_blocks: int, args: argparse.Namespace
+) -> tuple[ActorHandle, ActorHandle]:
+    """An owner of ``num_blocks`` random blocks and a reader of twice as many, connected."""
+    owner = BenchPeer.remote(model_dir, num_blocks, args.block_size, args.timeout, args.seed)
+    reader = BenchPeer.remote(model_dir, 2 * num_blocks, args.block_size, args.timeout, None)
+    for backend in BACKENDS:
+        ray.get(reader.add_peer.remote(backend, ray.get(owner.info.remote(backend))))
+    return owner, reader
+
+
+def idle_cpu(owner: ActorHandle, reader: ActorHandle, seconds: float) -> tuple[float, float]:
+    """Each actor's share of a core over the same ``seconds`` of doing nothing."""
+    return tuple(ray.get([owner.idle_cpu.remote(seconds), reader.idle_cpu.remote(seconds)]))
+
+
+def pull_once(
+    owner: ActorHandle, reader: ActorHandle, backend: str, src: list[int], dst: list[int]
+) -> Timed:
+    start = time.perf_counter()
+    export, export_s = ray.get(owner.export.remote(backend, src))
+    pull_s, longest = ray.get(reader.pull.remote(backend, export, dst))
+    return Timed(export_s + pull_s, max(export_s, longest), time.perf_counter() - start)
+
+
+def push_once(
+    owner: ActorHandle, reader: ActorHandle, backend: str, src: list[int], dst: list[int]
+) -> Timed:
+    # A reader reserves its blocks before the owner is done, so this is outside the timing.
+    target = ray.get(reader.push_target.remote(backend, dst, f"bench-{uuid.uuid4().hex}"))
+    start = time.perf_counter()
+    receipt, (push_s, push_longest) = ray.get(owner.push.remote(backend, target, src))
+    receive_s, receive_longest = ray.get(reader.receive_push.remote(backend, target, receipt))
+    longest = max(push_longest, receive_longest)
+    return Timed(push_s + receive_s, longest, time.perf_counter() - start)
+
+
+ONCE = {"pull": pull_once, "push": push_once}  # direction -> one timed transfer
+
+
+def transfer_modes(
+    owner: ActorHandle, reader: ActorHandle, src: list[int], dst: list[int]
+) -> list[Mode]:
+    """Each of ``TRANSFERS``, from the owner's blocks ``src`` into the reader's ``dst``."""
+
+    def clear() -> None:
+        ray.get(reader.clear.remote(dst))
+
+    def landed() -> bool:
+        return ray.get(owner.digest.remote(src)) == ray.get(reader.digest.remote(dst))
+
+    return [
+        Mode(name, partial(ONCE[direction], owner, reader, backend, src, dst), clear, landed)
+        for name, (backend, direction) in TRANSFERS.items()
+    ]
