@@ -13,6 +13,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 # How long the idle loop sleeps on its queue between looks at in-flight transfers, and at leases.
 TRANSFER_POLL_S = 0.0005
 LEASE_POLL_S = 0.05
+# How often the loop renews its snapshot of the prefix cache's hashes (for KV-aware routing).
+CACHED_HASHES_PERIOD_S = 0.25
 
 
 @dataclass
@@ -71,6 +74,8 @@ class AsyncLLMEngine:
         self._transfers: dict[str, _Transfer] = {}  # engine thread only
         self.num_transfer_failures = 0  # remote prefills recomputed here instead
         self.stats: EngineStats = self.engine.stats()  # a snapshot, renewed by the engine thread
+        self.cached_hashes = self.engine.block_pool.cached_hashes()  # likewise, less often
+        self._hashes_taken_at = time.monotonic()
         self.max_waiting_requests = config.max_waiting_requests
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()  # None: stop
         # Guards the admission counters and `_closed`, so no add can slip in behind the stop.
@@ -170,7 +175,7 @@ class AsyncLLMEngine:
                 self._poll_kv()
                 if self.engine.has_runnable_requests():
                     self._step()
-                self.stats = self.engine.stats()
+                self._publish_state()
         finally:  # a crash here is still reported by threading.excepthook
             with self._lock:
                 self._closed = True
@@ -235,6 +240,7 @@ class AsyncLLMEngine:
                 return engine.get_request(request_id)
             # No room for the prompt's blocks now: prefill it here, queued like any other.
             logger.info("%s: no KV blocks free for the remote prefill; prefilling here", request_id)
+            self._release(request_id, remote_kv)
         return engine.add_request(
             request_id, command.prompt, command.params, command.priority, hold_kv=command.hold_kv
         )
@@ -264,10 +270,19 @@ class AsyncLLMEngine:
         transfer = self._transfers.pop(request_id)
         logger.warning("%s: KV transfer failed; prefilling here", request_id, exc_info=True)
         self.num_transfer_failures += 1
+        self._release(request_id, transfer.remote_kv)
         if transfer.aborted:
             self.engine.abort_request(request_id)
         else:
             self.engine.recompute_remote_prefill(request_id)
+
+    @staticmethod
+    def _release(request_id: str, remote_kv: RemoteKV) -> None:
+        # Best effort: the peer's lease frees its blocks anyway, only later.
+        try:
+            remote_kv.release()
+        except Exception:
+            logger.warning("%s: could not release the peer's KV blocks", request_id, exc_info=True)
 
     def _abort(self, command: _Abort) -> None:
         stream, request = self._targets.get(command.request_id, (None, None))
@@ -313,6 +328,14 @@ class AsyncLLMEngine:
                 logger.exception("aborting %s after an engine error failed", request_id)
             stream.send(stream.fail, error)
         self._targets.clear()
+
+    def _publish_state(self) -> None:
+        # Whole-object assignments: readers on other threads see the old or the new snapshot.
+        self.stats = self.engine.stats()
+        now = time.monotonic()
+        if now - self._hashes_taken_at >= CACHED_HASHES_PERIOD_S:
+            self.cached_hashes = self.engine.block_pool.cached_hashes()
+            self._hashes_taken_at = now
 
     def _publish_waiting(self, num_adds_applied: int) -> None:
         # An add counts as waiting (via the scheduler) before it stops counting as pending, so the

@@ -71,6 +71,10 @@ class BlockPool:
             found.append(block.block_id)
         return found
 
+    def cached_hashes(self) -> frozenset[BlockHash]:
+        """The hashes of every block now in the prefix cache (what a KV-aware router matches)."""
+        return frozenset(self._cached)
+
     def num_free_among(self, block_ids: list[int]) -> int:
         """How many of these cached blocks are free (taking them uses free capacity)."""
         return sum(1 for i in block_ids if self.blocks[i].ref_count == 0)

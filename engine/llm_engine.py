@@ -151,6 +151,8 @@ class LLMEngine:
             num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=1.0 - pool.num_free_blocks / pool.num_blocks,
             num_free_blocks=pool.num_free_blocks,
+            num_blocks=pool.num_blocks,
+            num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens,
             prefix_cache_queries=pool.prefix_cache_queries,
             prefix_cache_hits=pool.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,

@@ -33,3 +33,7 @@ class RemoteKV(Protocol):
     def poll(self) -> bool:
         """True once the blocks have landed; raises if the transfer failed."""
         ...
+
+    def release(self) -> None:
+        """Tells the peer its blocks are not needed after all (prefilled here instead)."""
+        ...

@@ -54,6 +54,11 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.awaiting_kv)
 
+    @property
+    def num_queued_prefill_tokens(self) -> int:
+        queued = itertools.chain((r for _, r in self.waiting), self.running)
+        return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in queued)
+
     def add(self, request: Request) -> None:
         self._set_order(request)
         heapq.heappush(self.waiting, (self._order[request.request_id], request))
