@@ -10,21 +10,37 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from pdserve.cluster.config import ClusterConfig, PoolConfig, ServedModel
 from pdserve.decode_worker.worker import DecodeWorker
 from pdserve.prefill_worker.worker import PrefillWorker
 from pdserve.router.ingress import Router
+from pdserve.router.kv_routing import KVAwareRouter
 
 ROUTER_NUM_CPUS = 0.0
 
 
 def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Application:
+    routing = served.routing
+    options: dict[str, Any] = {}
+    if routing.policy == "kv_aware":
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=KVAwareRouter,
+            request_router_kwargs={
+                "role": role,
+                "block_size": served.engine_config().block_size,
+                "kv_overlap_weight": routing.kv_overlap_weight,
+                "load_weight": routing.load_weight,
+            },
+            request_routing_stats_period_s=routing.stats_period_s,
+        )
     deployment = serve.deployment(
         cls,
         name=f"{role}-{served.name}",
         num_replicas=pool.replicas,
         ray_actor_options={"num_cpus": pool.num_cpus, "resources": dict(pool.resources)},
+        **options,
     )
     return deployment.bind(served.model_dump())
 

@@ -32,6 +32,8 @@ class PoolConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
+    # "kv_aware": router/kv_routing.py; "power_of_two": Serve's default (load only), a baseline.
+    policy: Literal["kv_aware", "power_of_two"] = "kv_aware"
     local_prefill_max_tokens: int = Field(DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ge=0)
     kv_overlap_weight: float = Field(1.0, ge=0)  # prefill: score of each cached prompt token
     load_weight: float = Field(1.0, ge=0)  # score of each queued token / active block
@@ -46,11 +48,11 @@ class SLAConfig(_Strict):
 
 
 class KVTransferConfig(_Strict):
+    """Decode replicas pull (NIXL READ); a failed transfer is recomputed on the decode replica."""
+
     backend: Literal["auto", "nixl", "object_store"] = "auto"
-    mode: Literal["pull", "push"] = "pull"
     lease_seconds: float = Field(30.0, gt=0)
     timeout_seconds: float = Field(10.0, gt=0)
-    on_failure: Literal["recompute", "fail"] = "recompute"
 
 
 class ServedModel(_Strict):
@@ -64,6 +66,13 @@ class ServedModel(_Strict):
     routing: RoutingConfig = RoutingConfig()
     kv_transfer: KVTransferConfig = KVTransferConfig()
     sla: SLAConfig = SLAConfig()
+
+    @field_validator("decode")
+    @classmethod
+    def _decode_pool_is_not_empty(cls, decode: PoolConfig) -> PoolConfig:
+        if decode.replicas < 1:
+            raise ValueError("decode.replicas must be >= 1: decode replicas serve every request")
+        return decode
 
     @field_validator("engine")
     @classmethod

@@ -43,3 +43,8 @@ def replica_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
         "kv_transfer_failures": engine.num_transfer_failures,
         **{f"kv_{name}": value for name, value in vars(connector.stats).items()},
     }
+
+
+def routing_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
+    """What the KV-aware router reads: the replica's stats and its prefix cache's hashes."""
+    return {**replica_stats(engine, connector), "cached_block_hashes": engine.cached_hashes}

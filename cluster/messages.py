@@ -13,6 +13,8 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 0
+    # The prompt's prefix-cache hash chain (the engines' own), for KV-aware routing.
+    block_hashes: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

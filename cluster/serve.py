@@ -68,7 +68,8 @@ def start(config: ClusterConfig, address: str | None = None) -> None:
 
     from pdserve.cluster.app import build_app
 
-    ray.init(address=address, include_dashboard=False)
+    # "local": a new cluster, never one a stray `ray start` left behind.
+    ray.init(address=address or "local", include_dashboard=False)
     serve.start(
         http_options={"host": config.http_host, "port": config.http_port},
         grpc_options=gRPCOptions(port=config.grpc_port, grpc_servicer_functions=[GRPC_SERVICER]),

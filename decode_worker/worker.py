@@ -4,7 +4,7 @@
 from collections.abc import AsyncIterator
 
 from pdserve.cluster.config import ServedModel
-from pdserve.cluster.engine_setup import replica_stats, start_engine
+from pdserve.cluster.engine_setup import replica_stats, routing_stats, start_engine
 from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
 from pdserve.engine.outputs import RequestOutput
 from pdserve.kvtransfer.engine_hooks import PeerPull
@@ -46,7 +46,7 @@ class DecodeWorker:
         return replica_stats(self.engine, self.connector)
 
     def record_routing_stats(self) -> dict:
-        return self.stats()
+        return routing_stats(self.engine, self.connector)
 
     async def check_health(self) -> None:
         self.engine.check_health()

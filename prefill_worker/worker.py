@@ -8,7 +8,7 @@ under a lease (kvtransfer) instead of freed. The decode replica pulls them and e
 import dataclasses
 
 from pdserve.cluster.config import ServedModel
-from pdserve.cluster.engine_setup import replica_stats, start_engine
+from pdserve.cluster.engine_setup import replica_stats, routing_stats, start_engine
 from pdserve.cluster.messages import GenerateRequest, PrefillResult
 from pdserve.engine.outputs import RequestOutput
 
@@ -43,7 +43,7 @@ class PrefillWorker:
         return replica_stats(self.engine, self.connector)
 
     def record_routing_stats(self) -> dict:
-        return self.stats()
+        return routing_stats(self.engine, self.connector)
 
     async def check_health(self) -> None:
         self.engine.check_health()

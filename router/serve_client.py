@@ -20,6 +20,7 @@ from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.errors import EngineStoppedError
 from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
 
@@ -37,9 +38,11 @@ class ServeEngineClient:
     ) -> None:
         self.served = served
         self.model_name = served.name
-        self.max_model_len = served.engine_config().effective_max_model_len(
+        engine_config = served.engine_config()
+        self.max_model_len = engine_config.effective_max_model_len(
             ModelConfig.from_pretrained(served.path)
         )
+        self._block_size = engine_config.block_size
         self.tokenizer = Tokenizer.from_pretrained(served.path)
         self._prefill = prefill
         self._decode = decode.options(stream=True, method_name="generate")
@@ -53,7 +56,11 @@ class ServeEngineClient:
         params: SamplingParams,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        request = GenerateRequest(request_id, prompt_token_ids, params, priority)
+        block_hashes: list[bytes] = []
+        extend_block_hashes(block_hashes, prompt_token_ids, self._block_size)
+        request = GenerateRequest(
+            request_id, prompt_token_ids, params, priority, tuple(block_hashes)
+        )
         decision = self._decide(prompt_token_ids)
         self.route_decisions[decision] += 1
         work: GenerateRequest | RemotePrefilled = request

@@ -8,8 +8,6 @@ equal the offline engine's, which the unit tests hold equal to transformers'.
 
 import asyncio
 import json
-import socket
-import time
 import urllib.error
 import urllib.request
 
@@ -25,6 +23,8 @@ from pdserve.cluster.serve import APP_NAME, start, stop
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, token_ids, wait_all_free
+from pdserve.tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +35,6 @@ MAX_TOKENS = 8
 PROMPT_LENGTHS = [1, 7, 30, 63, 64, 90, 128, 200, 257, 333, 420, 512, 640, 777, 900, 1000]
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": 0}
 GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
-IDLE_TIMEOUT_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +50,8 @@ def cluster(tiny_model_dir):
                 "routing": {"local_prefill_max_tokens": LOCAL_MAX},
             }
         ],
-        http_port=_free_port(),
-        grpc_port=_free_port(),
+        http_port=free_port(),
+        grpc_port=free_port(),
     )
     start(config)
     yield config
@@ -82,41 +75,20 @@ def prompts() -> list[list[int]]:
 def expected(tiny_model_dir, prompts) -> list[list[int]]:
     llm = LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [out.token_ids for out in llm.generate(prompts, params)]
-
-
-def _ids(tokens: list[str]) -> list[int]:
-    return [int(token.removeprefix("token_id:")) for token in tokens]
+    offline = [out.token_ids for out in llm.generate(prompts, params)]
+    assert offline == hf_greedy(tiny_model_dir, [(p, MAX_TOKENS) for p in prompts])
+    return offline
 
 
 def _post(url: str, body: bytes) -> urllib.request.Request:
     return urllib.request.Request(url, body, {"content-type": "application/json"}, method="POST")
 
 
-def _deployment(name: str):
-    return serve.get_deployment_handle(f"{name}-{MODEL}", app_name=APP_NAME)
+POOLS = {f"prefill-{MODEL}": 1, f"decode-{MODEL}": 2}
 
 
-def _replica_stats(name: str, num_replicas: int) -> dict[str, dict]:
-    """Each replica's latest stats, by replica id (handle calls land on random replicas)."""
-    handle, seen = _deployment(name), {}
-    for _ in range(50 * num_replicas):
-        stats = handle.stats.remote().result()
-        seen[stats["replica"]] = stats
-        if len(seen) == num_replicas:
-            return seen
-    raise AssertionError(f"saw {len(seen)} of {num_replicas} {name} replicas")
-
-
-def _wait_all_free(timeout: float = IDLE_TIMEOUT_S) -> dict[str, dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = {**_replica_stats("prefill", 1), **_replica_stats("decode", 2)}
-        if all(s["num_free_blocks"] == NUM_KV_BLOCKS for s in stats.values()):
-            return stats
-        if time.monotonic() > deadline:
-            raise AssertionError(f"KV blocks still held: {stats}")
-        time.sleep(0.1)
+def _decode_stats() -> dict[str, dict]:
+    return replica_stats(f"decode-{MODEL}", 2)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -129,7 +101,7 @@ def test_greedy_equals_offline_on_both_paths(client, prompts, expected, stream):
             tokens = [t for chunk in response for t in chunk.choices[0].logprobs.tokens]
         else:
             tokens = response.choices[0].logprobs.tokens
-        assert _ids(tokens) == want, f"prompt of {len(prompt)} tokens"
+        assert token_ids(tokens) == want, f"prompt of {len(prompt)} tokens"
 
 
 def test_short_prompts_prefill_locally_long_ones_remotely(client, prompts):
@@ -140,7 +112,7 @@ def test_short_prompts_prefill_locally_long_ones_remotely(client, prompts):
     after = router.route_decisions.remote().result()[MODEL]
     assert after["local"] == before.get("local", 0) + 1
     assert after["remote"] == before.get("remote", 0) + 1
-    decode = _replica_stats("decode", 2).values()
+    decode = _decode_stats().values()
     assert sum(s["kv_num_transfers"] for s in decode) >= after["remote"]
     assert all(s["kv_transfer_failures"] == 0 for s in decode)
 
@@ -169,13 +141,13 @@ def test_concurrent_streams_complete_with_usage_and_use_both_decoders(cluster, p
             work = [prompts[i % len(prompts)] for i in range(100)]
             return list(zip(work, await asyncio.gather(*(one(sdk, p) for p in work)), strict=True))
 
-    before = _replica_stats("decode", 2)
+    before = _decode_stats()
     for prompt, usage in asyncio.run(run_all()):
         assert usage == (len(prompt), MAX_TOKENS)
-    after = _replica_stats("decode", 2)
+    after = _decode_stats()
     for replica, stats in after.items():  # each decode replica took part
         assert stats["prefix_cache_queries"] > before[replica]["prefix_cache_queries"]
-    _wait_all_free()
+    wait_all_free(POOLS)
 
 
 def test_disconnect_mid_stream_frees_blocks_on_both_sides(cluster, prompts):
@@ -190,7 +162,7 @@ def test_disconnect_mid_stream_frees_blocks_on_both_sides(cluster, prompts):
     with urllib.request.urlopen(_post(url, json.dumps(body).encode()), timeout=60) as response:
         assert response.status == 200
         assert next(line for line in response if line.startswith(b"data:"))
-    stats = _wait_all_free()
+    stats = wait_all_free(POOLS)
     assert all(s["num_running"] == 0 for s in stats.values())
 
 
@@ -208,7 +180,7 @@ def test_bad_inputs_get_their_envelope_and_serving_goes_on(client, cluster):
         client.completions.create(model=MODEL, prompt=[99999] * 100, max_tokens=2)
     ok = client.completions.create(model=MODEL, prompt=[5] * 100, max_tokens=2)
     assert ok.usage.completion_tokens >= 1
-    _wait_all_free()
+    wait_all_free(POOLS)
 
 
 def test_grpc_through_serve_proxy_equals_offline(cluster, prompts, expected):
@@ -232,6 +204,6 @@ def test_grpc_through_serve_proxy_equals_offline(cluster, prompts, expected):
 
 
 def test_cluster_ends_with_every_block_free():
-    stats = _wait_all_free()
+    stats = wait_all_free(POOLS)
     assert all(s["kv_pinned_blocks"] == 0 for s in stats.values())
     assert ray.is_initialized()

@@ -1,0 +1,102 @@
+"""KV-aware routing of the worker pools, as Ray Serve ``RequestRouter``s (Serve's alpha API; our
+only use of it is this module).
+
+Each replica reports, through ``record_routing_stats``, the hashes of the blocks in its prefix
+cache and its load. For a request the router walks the prompt's hash chain (computed once by the
+router, ``GenerateRequest.block_hashes``) and scores every replica:
+
+    score = kv_overlap_weight * cached prefix tokens - load_weight * load tokens
+
+Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds,
+plus the prompt tokens this router has sent it since its last report. Between reports, blocks this
+router sent a replica count as cached there, so a burst of requests sharing a prefix still lands
+where the first one went.
+"""
+
+import collections
+from typing import Any, Literal
+
+from ray.serve.request_router import (
+    FIFOMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
+
+Role = Literal["prefill", "decode"]
+# Blocks a router remembers sending to one replica before its own report catches up.
+MAX_RECENT_BLOCKS = 65536
+
+
+class KVAwareRouter(FIFOMixin, RequestRouter):
+    def initialize_state(
+        self,
+        role: Role = "prefill",
+        block_size: int = 16,
+        kv_overlap_weight: float = 1.0,
+        load_weight: float = 1.0,
+    ) -> None:
+        self._role = role
+        self._block_size = block_size
+        self._kv_weight = kv_overlap_weight
+        self._load_weight = load_weight
+        # Per replica: hashes sent there (oldest first) and prompt tokens in flight there.
+        self._recent: dict[ReplicaID, collections.OrderedDict[bytes, None]] = {}
+        self._in_flight: dict[ReplicaID, dict[str, int]] = {}
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        request = _generate_request(pending_request)
+        if request is None or not candidate_replicas:  # not a generate call: any replica
+            return [candidate_replicas]
+        ranked = sorted(candidate_replicas, key=lambda r: self._score(r, request), reverse=True)
+        return [[ranked[0]], ranked[1:]] if len(ranked) > 1 else [ranked]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        request = _generate_request(pending_request)
+        if request is None:
+            return
+        recent = self._recent.setdefault(replica_id, collections.OrderedDict())
+        for block_hash in request.block_hashes:
+            recent[block_hash] = None
+            recent.move_to_end(block_hash)
+        while len(recent) > MAX_RECENT_BLOCKS:
+            recent.popitem(last=False)
+        in_flight = self._in_flight.setdefault(replica_id, {})
+        in_flight[pending_request.metadata.internal_request_id] = len(request.prompt_token_ids)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self._in_flight.get(replica_id, {}).pop(internal_request_id, None)
+
+    def _score(self, replica: RunningReplica, request: GenerateRequest) -> float:
+        stats = replica.routing_stats or {}
+        cached = stats.get("cached_block_hashes", frozenset())
+        recent = self._recent.get(replica.replica_id, {})
+        overlap = 0
+        for block_hash in request.block_hashes:
+            if block_hash not in cached and block_hash not in recent:
+                break
+            overlap += 1
+        if self._role == "prefill":
+            load = stats.get("num_queued_prefill_tokens", 0)
+        else:
+            held = stats.get("num_blocks", 0) - stats.get("num_free_blocks", 0)
+            load = held * self._block_size
+        load += sum(self._in_flight.get(replica.replica_id, {}).values())
+        return self._kv_weight * overlap * self._block_size - self._load_weight * load
+
+
+def _generate_request(pending_request: PendingRequest | None) -> GenerateRequest | None:
+    """The request a prefill or generate call carries; None for other calls (stats, health)."""
+    work = pending_request.args[0] if pending_request is not None and pending_request.args else None
+    if isinstance(work, RemotePrefilled):
+        return work.request
+    return work if isinstance(work, GenerateRequest) else None

@@ -1,0 +1,46 @@
+"""For tests that run a pdserve app: free ports, the tokens a response carries, and each worker
+replica's stats."""
+
+import socket
+import time
+
+from ray import serve
+
+from pdserve.cluster.serve import APP_NAME
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def token_ids(tokens: list[str]) -> list[int]:
+    """The ids in logprob tokens of a request made with ``return_tokens_as_token_ids``."""
+    return [int(token.removeprefix("token_id:")) for token in tokens]
+
+
+def replica_stats(deployment: str, num_replicas: int) -> dict[str, dict]:
+    """Each replica's stats by replica id; handle calls land on random replicas, so this calls
+    until it has heard from all of them."""
+    handle, seen = serve.get_deployment_handle(deployment, app_name=APP_NAME), {}
+    for _ in range(50 * num_replicas):
+        stats = handle.stats.remote().result()
+        seen[stats["replica"]] = stats
+        if len(seen) == num_replicas:
+            return seen
+    raise AssertionError(f"heard from {len(seen)} of {num_replicas} {deployment} replicas")
+
+
+def wait_all_free(pools: dict[str, int], timeout: float = 60.0) -> dict[str, dict]:
+    """Waits until every replica of the pools ({deployment: replicas}) has all KV blocks free."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = {}
+        for deployment, num_replicas in pools.items():
+            stats |= replica_stats(deployment, num_replicas)
+        if all(s["num_free_blocks"] == s["num_blocks"] for s in stats.values()):
+            return stats
+        if time.monotonic() > deadline:
+            raise AssertionError(f"KV blocks still held: {stats}")
+        time.sleep(0.1)

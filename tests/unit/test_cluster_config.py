@@ -1,0 +1,65 @@
+"""The deployment config: defaults, validation with named errors, YAML, and the engine config."""
+
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from pdserve.cluster.config import ClusterConfig
+
+
+def _model(**overrides) -> dict:
+    return {"name": "tiny", "path": "/models/tiny", **overrides}
+
+
+def test_defaults_serve_one_prefill_and_one_decode_replica() -> None:
+    config = ClusterConfig(models=[_model()])
+    (model,) = config.models
+    assert (model.prefill.replicas, model.decode.replicas) == (1, 1)
+    assert model.disaggregated and model.routing.policy == "kv_aware"
+    assert (config.http_port, config.grpc_port) == (8000, 9000)
+    assert model.kv_transfer.backend == "auto" and model.kv_transfer.lease_seconds == 30.0
+
+
+def test_zero_prefill_replicas_is_aggregated() -> None:
+    (model,) = ClusterConfig(models=[_model(prefill={"replicas": 0})]).models
+    assert not model.disaggregated
+
+
+def test_engine_section_builds_the_engine_config() -> None:
+    (model,) = ClusterConfig(models=[_model(engine={"num_kv_blocks": 64, "block_size": 32})]).models
+    engine = model.engine_config()
+    assert (engine.model, engine.num_kv_blocks, engine.block_size) == ("/models/tiny", 64, 32)
+
+
+@pytest.mark.parametrize(
+    ("models", "named"),
+    [
+        ([_model(engine={"num_kv_block": 64})], "unknown engine args: num_kv_block"),
+        ([_model(prefill={"replicas": -1})], "replicas"),
+        ([_model(routing={"policy": "random"})], "policy"),
+        ([_model(kv_transfer={"backend": "tcp"})], "backend"),
+        ([_model(), _model()], "model names must be unique"),
+        ([_model(surprise=1)], "surprise"),
+        ([], "models"),
+    ],
+)
+def test_bad_configs_are_refused_naming_the_field(models: list, named: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=named):
+        ClusterConfig(models=models)
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "models:\n"
+        "  - name: tiny\n"
+        "    path: /models/tiny\n"
+        "    decode: {replicas: 2, resources: {decode_node: 1}}\n"
+        "    routing: {local_prefill_max_tokens: 256}\n"
+        "http_port: 8100\n"
+    )
+    config = ClusterConfig.from_yaml(path)
+    (model,) = config.models
+    assert model.decode.replicas == 2 and model.decode.resources == {"decode_node": 1}
+    assert model.routing.local_prefill_max_tokens == 256 and config.http_port == 8100
