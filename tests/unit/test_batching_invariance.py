@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
 from pdserve import LLM, SamplingParams
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import RequestOutput
+from pdserve.tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -56,20 +56,8 @@ def workload(tiny_model_dir: Path) -> Workload:
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path, workload: Workload) -> list[list[int]]:
     """transformers' greedy tokens for each prompt run alone (batch of one, no padding)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    # No EOS: like ignore_eos, generation neither stops at nor masks the EOS ids, so every
-    # output has its exact length and EOS stays a legal greedy pick on both sides.
-    model.generation_config.eos_token_id = None
     start = time.perf_counter()
-    outputs = []
-    for prompt, num_out in workload:
-        ids = torch.tensor([prompt])
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=num_out
-        )
-        outputs.append(out[0, len(prompt) :].tolist())
+    outputs = hf_greedy(tiny_model_dir, workload)
     print(f"\ntransformers reference: {time.perf_counter() - start:.1f}s")
     assert [len(o) for o in outputs] == [n for _, n in workload]
     return outputs

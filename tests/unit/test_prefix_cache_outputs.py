@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
 from pdserve import LLM, SamplingParams
 from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.llm_engine import LLMEngine
+from pdserve.tests.hf_reference import hf_greedy
 
 BLOCK_SIZE = 16
 NUM_OUTPUT_TOKENS = 16
@@ -64,18 +64,6 @@ def _expected(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [out.token_ids for out in llm.generate(prompts, _params())]
 
 
-def _hf_greedy(model_dir: Path, prompt: list[int]) -> list[int]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    model.generation_config.eos_token_id = None  # like ignore_eos: never stop, never mask
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NUM_OUTPUT_TOKENS
-    )
-    return out[0, len(prompt) :].tolist()
-
-
 def test_shared_prefix_is_served_from_cache(
     tiny_model_dir: Path,
     no_cache_llm: LLM,
@@ -101,7 +89,7 @@ def test_shared_prefix_is_served_from_cache(
     assert after.prefix_cache_hits <= after.prefix_cache_queries
     assert out_a.token_ids == _expected(no_cache_llm, [prompt_a])[0]
     assert out_b.token_ids == _expected(no_cache_llm, [prompt_b])[0]
-    assert out_b.token_ids == _hf_greedy(tiny_model_dir, prompt_b)
+    assert out_b.token_ids == hf_greedy(tiny_model_dir, [(prompt_b, NUM_OUTPUT_TOKENS)])[0]
     assert_no_leaks(llm.engine)
 
 

@@ -1,0 +1,155 @@
+"""The disaggregated cluster across Ray nodes: prefill and decode replicas placed on different
+simulated nodes of a ``ray.cluster_utils.Cluster`` by custom resources, KV pulled over NIXL.
+
+The head node carries no custom resource (Serve's controller and the router ask for none, and
+Serve runs a proxy on every node); one worker node offers ``prefill_node`` and the other
+``decode_node``, and each pool asks for its own. Every prompt is long enough to take the remote
+path, so each decode pulls the prompt's KV from the other node. The nodes of a local ``Cluster``
+are separate raylets, but all on this host: NIXL (UCX) moves the blocks between two processes on
+one machine, not over a network.
+"""
+
+import openai
+import pytest
+import torch
+from ray import serve
+from ray.cluster_utils import Cluster
+from ray.util.state import list_actors
+
+from pdserve.cluster.config import ClusterConfig
+from pdserve.cluster.serve import APP_NAME, start, stop
+from pdserve.engine.llm import LLM
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kvtransfer.nixl_shim import nixl_available
+from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, token_ids, wait_all_free
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not nixl_available(), reason="NIXL not importable"),
+]
+
+MODEL = "tiny"
+VOCAB_SIZE = 4096  # the tiny preset's
+NUM_KV_BLOCKS = 128
+LOCAL_MAX = 64  # local_prefill_max_tokens: every prompt below goes remote
+PROMPT_LENGTHS = [100, 257, 420]
+MAX_TOKENS = 6
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": 0}
+GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
+NODE_CPUS = 1  # logical: Serve's actors and the pools ask for none
+PREFILL_RESOURCE, DECODE_RESOURCE = "prefill_node", "decode_node"
+REQUEST_TIMEOUT_S = 300.0  # generous: replicas start slowly on a busy two-core machine
+IDLE_TIMEOUT_S = 120.0
+POOLS = {f"prefill-{MODEL}": 1, f"decode-{MODEL}": 1}
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """A head node and two worker nodes, one per pool; yields the cluster and the workers' ids."""
+    cluster = Cluster(
+        initialize_head=True,
+        # The dashboard serves the state API that says where each replica actor runs.
+        head_node_args={
+            "num_cpus": NODE_CPUS,
+            "include_dashboard": True,
+            "dashboard_port": free_port(),
+        },
+    )
+    try:
+        prefill = cluster.add_node(num_cpus=NODE_CPUS, resources={PREFILL_RESOURCE: 1})
+        decode = cluster.add_node(num_cpus=NODE_CPUS, resources={DECODE_RESOURCE: 1})
+        cluster.wait_for_nodes()
+        yield cluster, {"prefill": prefill.node_id, "decode": decode.node_id}
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def served(nodes, tiny_model_dir):
+    cluster, _ = nodes
+    config = ClusterConfig(
+        models=[
+            {
+                "name": MODEL,
+                "path": str(tiny_model_dir),
+                "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
+                "prefill": {"replicas": 1, "resources": {PREFILL_RESOURCE: 1}},
+                "decode": {"replicas": 1, "resources": {DECODE_RESOURCE: 1}},
+                "routing": {"local_prefill_max_tokens": LOCAL_MAX},
+                "kv_transfer": {"backend": "nixl"},
+            }
+        ],
+        http_port=free_port(),
+        grpc_port=free_port(),
+    )
+    start(config, address=cluster.address)
+    try:
+        yield config
+    finally:
+        stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    base_url = f"http://127.0.0.1:{served.http_port}/v1"
+    with openai.OpenAI(
+        base_url=base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
+    ) as sdk:
+        yield sdk
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(0)
+    return [
+        torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS
+    ]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model_dir, prompts) -> list[list[int]]:
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [out.token_ids for out in llm.generate(prompts, params)]
+
+
+def _replica_node(address: str, pool: str) -> str:
+    (actor,) = list_actors(
+        address=address,
+        filters=[
+            ("class_name", "=", f"ServeReplica:{APP_NAME}:{pool}-{MODEL}"),
+            ("state", "=", "ALIVE"),
+        ],
+    )
+    return actor.node_id
+
+
+def test_pools_run_on_their_own_nodes(nodes, served):
+    cluster, node_ids = nodes
+    placed = {pool: _replica_node(cluster.address, pool) for pool in ("prefill", "decode")}
+    assert placed == node_ids
+    assert placed["prefill"] != placed["decode"]
+
+
+def test_remote_greedy_equals_offline_and_kv_moves_over_nixl(client, prompts, expected):
+    router = serve.get_app_handle(APP_NAME)
+    before = router.route_decisions.remote().result().get(MODEL, {})
+    for prompt, want in zip(prompts, expected, strict=True):
+        response = client.completions.create(
+            model=MODEL, prompt=prompt, extra_body=GREEDY_EXTRA, **GREEDY
+        )
+        assert token_ids(response.choices[0].logprobs.tokens) == want, f"prompt of {len(prompt)}"
+    after = router.route_decisions.remote().result()[MODEL]
+    assert after["remote"] == before.get("remote", 0) + len(prompts)
+    assert after.get("local", 0) == before.get("local", 0)
+    (decode,) = replica_stats(f"decode-{MODEL}", 1).values()
+    assert decode["kv_num_transfers"] >= len(prompts)
+    assert decode["kv_bytes_moved"] > 0
+    assert decode["kv_transfer_failures"] == decode["kv_num_failures"] == 0
+    assert decode["kv_num_leases_expired"] == 0
+
+
+def test_every_block_ends_free_on_both_nodes(served):
+    stats = wait_all_free(POOLS, timeout=IDLE_TIMEOUT_S)
+    assert all(s["kv_pinned_blocks"] == 0 for s in stats.values())
+    assert all(s["kv_num_leases_expired"] == 0 for s in stats.values())
