@@ -1,10 +1,10 @@
 """An ``EngineClient`` over the worker pools' Serve handles: the disaggregated request flow.
 
-A prompt whose uncached part is short (under ``local_prefill_max_tokens``), or any prompt when no
-prefill pool is configured, goes straight to a decode replica, which prefills it itself. Otherwise a
-prefill replica runs it to its first token and holds its KV under a lease; a decode replica pulls
-the KV and streams the rest, its first chunk carrying the prefill's token. Closing the stream
-cancels the calls, so the replicas abort the request and free its blocks.
+A prompt shorter than ``local_prefill_max_tokens``, or any prompt when no prefill pool is
+configured, goes straight to a decode replica, which prefills it itself. Otherwise a prefill
+replica runs it to its first token and holds its KV under a lease; that token goes to the client
+at once (``first_token.py``) while a decode replica pulls the KV and streams the rest. Closing the
+stream cancels the calls, so the replicas abort the request and free its blocks.
 """
 
 import collections
@@ -23,6 +23,7 @@ from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
+from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class ServeEngineClient:
         decision = self._decide(prompt_token_ids)
         self.route_decisions[decision] += 1
         work: GenerateRequest | RemotePrefilled = request
+        first: RequestOutput | None = None  # streamed already; the decode side repeats it
         try:
             if decision == "remote":
                 prefill = await self._prefill.prefill.remote(request)
@@ -71,9 +73,16 @@ class ServeEngineClient:
                     yield prefill.first_output
                     return
                 work = RemotePrefilled(request, prefill)
+                if streams_early(params):
+                    first = prefill.first_output
+                    yield as_first_chunk(first)
             stream = self._decode.remote(work)
             try:
                 async for chunk in stream:
+                    if first is not None:
+                        chunk, first = without_first_token(chunk, first), None
+                        if chunk is None:
+                            continue
                     yield chunk
             finally:
                 stream.cancel()
