@@ -39,6 +39,7 @@ def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Applic
         cls,
         name=f"{role}-{served.name}",
         num_replicas=pool.replicas,
+        max_ongoing_requests=pool.max_ongoing_requests,
         ray_actor_options={"num_cpus": pool.num_cpus, "resources": dict(pool.resources)},
         **options,
     )
@@ -57,6 +58,9 @@ def build_app(args: dict[str, Any]) -> Application:
             prefill[served.name] = _pool(PrefillWorker, "prefill", served.prefill, served)
         decode[served.name] = _pool(DecodeWorker, "decode", served.decode, served)
     router = serve.deployment(
-        Router, name="router", ray_actor_options={"num_cpus": ROUTER_NUM_CPUS}
+        Router,
+        name="router",
+        max_ongoing_requests=config.router_max_ongoing_requests,
+        ray_actor_options={"num_cpus": ROUTER_NUM_CPUS},
     )
     return router.bind([m.model_dump() for m in config.models], prefill, decode)

@@ -17,6 +17,8 @@ DEFAULT_GRPC_PORT = 9000
 # Prompts with fewer uncached tokens than this prefill on the decode replica (aggregated path).
 DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 128
 DEFAULT_ROUTING_STATS_PERIOD_S = 0.5
+DEFAULT_MAX_ONGOING_REQUESTS = 256  # the engine's default max_num_seqs
+DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
 
 
 class _Strict(BaseModel):
@@ -28,6 +30,9 @@ class PoolConfig(_Strict):
 
     replicas: int = Field(1, ge=0)
     num_cpus: float = Field(0.0, ge=0)  # a replica's engine thread shares the node's cores
+    # Serve's cap on calls in flight to one replica (its own default, 5, would starve the engine's
+    # continuous batching); past it, requests wait in Serve's queue rather than the engine's.
+    max_ongoing_requests: int = Field(DEFAULT_MAX_ONGOING_REQUESTS, ge=1)
     resources: dict[str, float] = {}  # custom Ray resources, e.g. {"prefill_node": 1}
 
 
@@ -96,6 +101,7 @@ class ClusterConfig(_Strict):
     http_host: str = "0.0.0.0"
     http_port: int = DEFAULT_HTTP_PORT
     grpc_port: int = DEFAULT_GRPC_PORT
+    router_max_ongoing_requests: int = Field(DEFAULT_ROUTER_MAX_ONGOING_REQUESTS, ge=1)
 
     @field_validator("models")
     @classmethod

@@ -19,6 +19,8 @@ def test_defaults_serve_one_prefill_and_one_decode_replica() -> None:
     assert model.disaggregated and model.routing.policy == "kv_aware"
     assert (config.http_port, config.grpc_port) == (8000, 9000)
     assert model.kv_transfer.backend == "auto" and model.kv_transfer.lease_seconds == 30.0
+    # Serve's own default (5 calls in flight per replica) would cap the engine's batch.
+    assert model.decode.max_ongoing_requests == 256 and config.router_max_ongoing_requests > 256
 
 
 def test_zero_prefill_replicas_is_aggregated() -> None:
