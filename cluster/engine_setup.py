@@ -1,4 +1,4 @@
-"""One worker replica's engine and KV connector, built the same way in both pools."""
+"""A worker replica's engine and KV connector, built and reported the same way in both pools."""
 
 import dataclasses
 
@@ -48,3 +48,22 @@ def replica_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
 def routing_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
     """What the KV-aware router reads: the replica's stats and its prefix cache's hashes."""
     return {**replica_stats(engine, connector), "cached_block_hashes": engine.cached_hashes}
+
+
+class EngineReplica:
+    """What both pools' replicas share: the engine, its connector, stats and health."""
+
+    def __init__(self, served: dict) -> None:
+        self.served = ServedModel.model_validate(served)
+        self.engine, self.connector = start_engine(self.served)
+
+    def stats(self) -> dict:
+        """This replica's engine and transfer state."""
+        return replica_stats(self.engine, self.connector)
+
+    def record_routing_stats(self) -> dict:
+        """Serve calls this periodically; the KV-aware router reads it (router/kv_routing.py)."""
+        return routing_stats(self.engine, self.connector)
+
+    async def check_health(self) -> None:
+        self.engine.check_health()

@@ -3,18 +3,13 @@
 
 from collections.abc import AsyncIterator
 
-from pdserve.cluster.config import ServedModel
-from pdserve.cluster.engine_setup import replica_stats, routing_stats, start_engine
+from pdserve.cluster.engine_setup import EngineReplica
 from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
 from pdserve.engine.outputs import RequestOutput
 from pdserve.kvtransfer.engine_hooks import PeerPull
 
 
-class DecodeWorker:
-    def __init__(self, served: dict) -> None:
-        self.served = ServedModel.model_validate(served)
-        self.engine, self.connector = start_engine(self.served)
-
+class DecodeWorker(EngineReplica):
     async def generate(
         self, work: GenerateRequest | RemotePrefilled
     ) -> AsyncIterator[RequestOutput]:
@@ -40,13 +35,3 @@ class DecodeWorker:
             remote_kv=remote_kv,
         ):
             yield chunk
-
-    def stats(self) -> dict:
-        """This replica's engine and transfer state (the router reads it as routing stats)."""
-        return replica_stats(self.engine, self.connector)
-
-    def record_routing_stats(self) -> dict:
-        return routing_stats(self.engine, self.connector)
-
-    async def check_health(self) -> None:
-        self.engine.check_health()

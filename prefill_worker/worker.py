@@ -7,16 +7,14 @@ under a lease (kvtransfer) instead of freed. The decode replica pulls them and e
 
 import dataclasses
 
-from pdserve.cluster.config import ServedModel
-from pdserve.cluster.engine_setup import replica_stats, routing_stats, start_engine
+from pdserve.cluster.engine_setup import EngineReplica
 from pdserve.cluster.messages import GenerateRequest, PrefillResult
 from pdserve.engine.outputs import RequestOutput
 
 
-class PrefillWorker:
+class PrefillWorker(EngineReplica):
     def __init__(self, served: dict) -> None:
-        self.served = ServedModel.model_validate(served)
-        self.engine, self.connector = start_engine(self.served)
+        super().__init__(served)
         self.peer_info = self.connector.peer_info()
 
     async def prefill(self, request: GenerateRequest) -> PrefillResult:
@@ -37,13 +35,3 @@ class PrefillWorker:
         # Stopped at the first token (EOS, a stop): nothing was held, nothing to decode.
         kv = output.kv_transfer_params if output.finish_reason == "length" else None
         return PrefillResult(output, self.peer_info, kv)
-
-    def stats(self) -> dict:
-        """This replica's engine and transfer state (the router reads it as routing stats)."""
-        return replica_stats(self.engine, self.connector)
-
-    def record_routing_stats(self) -> dict:
-        return routing_stats(self.engine, self.connector)
-
-    async def check_health(self) -> None:
-        self.engine.check_health()
