@@ -22,9 +22,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 and cast back before the weight, exactly as transformers does.
-        x32 = x.float()
+        x32 = x if x.dtype == torch.float32 else x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))
 
 
 class Attention(nn.Module):
@@ -49,11 +49,11 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         # x: [T, hidden]
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rope.apply(q, k)
+        heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # [T, Hq + 2 Hkv, D]
+        # Queries and keys sit side by side in the fused output: one rotation covers both.
+        qk = rope.apply(heads[:, : self.num_heads + self.num_kv_heads])
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = heads[:, self.num_heads + self.num_kv_heads :]
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -102,13 +102,16 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
+        logits_indices: torch.Tensor | None,
     ) -> torch.Tensor:
         # input_ids, positions: [T]; kv_cache: [num_blocks, num_layers, 2, block, Hkv, D]
         x = self.embed_tokens(input_ids)
         rope = self.rope.lookup(positions)
         for i, layer in enumerate(self.layers):
             x = layer(rope, x, kv_cache[:, i], meta)
-        return self.norm(x)
+        if logits_indices is not None:  # the final norm is per token: only sampled ones need it
+            x = x[logits_indices]
+        return self.norm(x)  # [len(logits_indices) or T, hidden]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -130,8 +133,9 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
-        logits_indices: torch.Tensor,
+        logits_indices: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Runs one flattened step; returns fp32 logits [len(logits_indices), vocab]."""
-        hidden = self.model(input_ids, positions, kv_cache, meta)
-        return self.lm_head(hidden[logits_indices]).float()
+        """Runs one flattened step; returns fp32 logits [len(logits_indices), vocab], or for
+        every token when ``logits_indices`` is None."""
+        hidden = self.model(input_ids, positions, kv_cache, meta, logits_indices)
+        return self.lm_head(hidden).float()

@@ -44,9 +44,11 @@ class RotaryEmbedding:
             inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
             positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
             freqs = torch.outer(positions, inv_freq)  # [max_pos, head_dim // 2]
-        # Computed in fp32 and cast once, as transformers does before applying them.
-        self.cos = freqs.cos().to(device=device, dtype=dtype)
-        self.sin = freqs.sin().to(device=device, dtype=dtype)
+        # Computed in fp32 and cast once, as transformers does before applying them. Both halves
+        # of a head use the same angles; the sine's first half is negated for rotate_half.
+        cos, sin = freqs.cos(), freqs.sin()
+        self.cos = torch.cat((cos, cos), dim=-1).to(device=device, dtype=dtype)
+        self.sin = torch.cat((-sin, sin), dim=-1).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> "RopeTables":
         """cos/sin for a step's positions [T]; looked up once per step, shared by every layer."""
@@ -54,14 +56,11 @@ class RotaryEmbedding:
 
 
 class RopeTables(NamedTuple):
-    cos: torch.Tensor  # [T, 1, D/2]
-    sin: torch.Tensor
+    cos: torch.Tensor  # [T, 1, D]: cos of each pair's angle, in both halves
+    sin: torch.Tensor  # [T, 1, D]: -sin in the first half, sin in the second
 
-    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [T, Hq, D]; k: [T, Hkv, D]. Non-interleaved halves (HF's rotate_half).
-        return _rotate(q, self.cos, self.sin), _rotate(k, self.cos, self.sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotates x: [T, H, D] (queries and keys together), non-interleaved halves as HF's
+        rotate_half: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], rounded as HF rounds it."""
+        # Rolling by half a head swaps the halves: [x2, x1].
+        return x * self.cos + x.roll(x.shape[-1] // 2, dims=-1) * self.sin

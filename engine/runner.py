@@ -17,7 +17,8 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], torch.Tensor]:
         """Runs ``batch``; returns the entries that sample this step and their logits [n, vocab]."""
         # Decodes (one query token) first: the attention layer takes them as one batched call.
-        batch = sorted(batch, key=lambda s: s.num_new_tokens != 1)
+        # Longest context first, so that its runs of neighbours pad their K/V to similar lengths.
+        batch = sorted(batch, key=lambda s: (s.num_new_tokens != 1, -s.request.num_computed_tokens))
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -53,11 +54,12 @@ class ModelRunner:
             query_start_loc=tensor(query_start_loc, torch.int32),
             num_decodes=num_decodes,
         )
+        every_token_samples = len(logits_indices) == len(input_ids)  # e.g. a step of decodes
         logits = self.model(
             tensor(input_ids, torch.int64),
             tensor(positions, torch.int64),
             self.kv_cache,
             meta,
-            tensor(logits_indices, torch.int64),
+            None if every_token_samples else tensor(logits_indices, torch.int64),
         )
         return sampling, logits

@@ -162,6 +162,18 @@ def test_torch_decode_chunks_match_one_pass(monkeypatch):
     torch.testing.assert_close(decode(torch_attention, batch, query), whole, atol=FP32_ATOL, rtol=0)
 
 
+def test_torch_decode_runs_split_on_padding_and_gather_bytes():
+    runs = torch_attention._decode_runs
+    # Longest first (as the runner orders decodes): similar lengths share a run; 100 after 480
+    # would pad 430 positions, past DECODE_PADDING_TOKENS, so it starts a new one.
+    assert runs([500, 490, 480, 100, 90], token_bytes=1) == [(0, 3), (3, 5)]
+    # Equal lengths never pad, but three of them would gather more than the byte cap.
+    per_token = torch_attention.DECODE_GATHER_BYTES // 1000
+    assert runs([400, 400, 400], token_bytes=per_token) == [(0, 2), (2, 3)]
+    # Any order works: an unsorted batch only makes more runs.
+    assert runs([90, 500], token_bytes=1) == [(0, 1), (1, 2)]
+
+
 def _written_cache(ops: ModuleType, seed: int) -> tuple[Tensor, Tensor]:
     """Writes 40 tokens (some padding) into a fresh layer view; returns (full cache, expected)."""
     gen = torch.Generator().manual_seed(seed)
