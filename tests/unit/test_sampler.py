@@ -3,15 +3,13 @@ import math
 import pytest
 import torch
 
-from pdserve.engine.sampler import (
+from pdserve.engine.logits_processors import (
     TOP_P_CANDIDATES,
     TOP_P_CANDIDATES_GROWTH,
-    Sampler,
-    SamplingRow,
-    _top_k_top_p,
     apply_penalties,
-    make_generator,
+    apply_top_k_top_p,
 )
+from pdserve.engine.sampler import Sampler, SamplingRow, make_generator
 from pdserve.engine.sampling_params import SamplingParams
 
 EOS = 3
@@ -78,8 +76,8 @@ def test_candidate_top_p_equals_full_sort_at_every_tier() -> None:
     top_k = [0, 0, 0, 50, 2 * TOP_P_CANDIDATES, 0, 3]
     top_p = [0.9, 0.9, 0.99, 0.8, 0.99, 1e-4, 0.999]
     params = [SamplingParams(top_k=k, top_p=p) for k, p in zip(top_k, top_p, strict=True)]
-    fast = _top_k_top_p(logits, params)
-    exact = _top_k_top_p(logits, params, candidates=vocab)  # a full sort
+    fast = apply_top_k_top_p(logits, params)
+    exact = apply_top_k_top_p(logits, params, candidates=vocab)  # a full sort
     assert torch.equal(fast.isinf(), exact.isinf())
     kept = ~exact.isinf()
     assert torch.equal(fast[kept], logits[kept])
