@@ -9,9 +9,11 @@ matrix-vector kernels allow, the matmuls alone are timed too: one row through ev
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from pdserve.engine.linear import Linear
 from pdserve.engine.llm import LLM
@@ -55,21 +57,22 @@ def weight_bytes_read(model: LlamaForCausalLM) -> int:
 
 @torch.inference_mode()
 def matmul_seconds(model: LlamaForCausalLM, steps: int) -> tuple[float, float]:
-    """Median time of one row through every linear layer: (nn.Linear's kernel, ours)."""
+    """Median time of one row through every linear layer: (nn.Linear's [out, in] weight, ours)."""
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     rows = [torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in layers]
+    weights = [m.weight.contiguous() for m in layers]  # nn.Linear's layout
 
-    def timed(forward) -> float:
+    def timed(forward: Callable[[Linear, torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
         times = []
         for i in range(steps + WARMUP_STEPS):
             start = time.perf_counter()
-            for layer, x in zip(layers, rows, strict=True):
-                forward(layer, x)
+            for layer, weight, x in zip(layers, weights, rows, strict=True):
+                forward(layer, weight, x)
             if i >= WARMUP_STEPS:
                 times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    return timed(torch.nn.Linear.forward), timed(Linear.forward)
+    return timed(lambda _, weight, x: F.linear(x, weight)), timed(lambda layer, _, x: layer(x))
 
 
 def ours_step_seconds(llm: LLM, batch: int, steps: int) -> float:
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     weight_bytes = weight_bytes_read(model)
     bandwidth = copy_bandwidth()
     bound = weight_bytes / bandwidth
-    mkl_gemv, split_gemv = matmul_seconds(model, args.steps)
+    mkl_gemv, ours_gemv = matmul_seconds(model, args.steps)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         args.model, dtype=llm.engine.config.torch_dtype
     ).eval()
@@ -134,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
         f"{args.threads} threads, prompt {PROMPT_LEN} tokens, median of {args.steps} steps"
     )
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step")
-    for name, seconds in (("nn.Linear (MKL gemv)", mkl_gemv), ("ours (row blocks)", split_gemv)):
+    for name, seconds in (
+        ("nn.Linear, [out, in] (MKL gemv)", mkl_gemv),
+        ("ours, [in, out] (column blocks)", ours_gemv),
+    ):
         print(
             f"matmuls alone, 1 row, {name}: {seconds * 1e3:.1f} ms = "
             f"{weight_bytes / seconds / 1e9:.1f} GB/s = {bound / seconds:.0%} of bound"

@@ -4,12 +4,11 @@ Both run in this process on the same threads and weights. transformers pads ever
 its longest prompt and decodes every row to its longest output, so the slots past a row's own
 length are waste; continuous batching admits and retires requests per step instead. The workload's
 FLOPs over a matmul throughput measured in the same run give a compute bound, and the scheduler is
-timed alone (no model) with 256 running requests.
+timed alone (no model) with 256 running requests. The workload is in ``workload.py``, the
+scheduler timing in ``scheduler_step.py``.
 """
 
 import argparse
-import math
-import random
 import statistics
 import time
 from pathlib import Path
@@ -17,44 +16,23 @@ from typing import NamedTuple
 
 import torch
 
-from pdserve.engine.block_pool import BlockPool
-from pdserve.engine.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    EngineConfig,
-    ModelConfig,
+from pdserve.benchmarks.scheduler_step import SCHEDULER_RUNNING, scheduler_step_seconds
+from pdserve.benchmarks.workload import (
+    FULL,
+    QUICK,
+    SEED,
+    WorkItem,
+    make_workload,
+    useful_tokens,
+    workload_flops,
 )
 from pdserve.engine.llm import LLM
-from pdserve.engine.request import Request
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.engine.scheduler import ScheduledRequest, Scheduler
 
-SEED = 0
 HF_BATCH_SIZE = 16
 MATMUL_SIZE = 2048  # [n, n] x [n, n] fp32: large enough for MKL's peak, ~0.15 s on 2 cores
 MATMUL_REPEATS = 5
 WARMUP_REQUESTS = 4
-WARMUP_STEPS = 5
-SCHEDULER_RUNNING = 256
-SCHEDULER_STEPS = 200
-SCHEDULER_PROMPT_LEN = 32
-
-
-class WorkloadShape(NamedTuple):
-    num_requests: int
-    prompt_len: tuple[int, int]  # uniform, inclusive
-    output_len: tuple[int, int]  # lognormal, clipped to this range
-    output_median: int  # the lognormal's median before clipping
-    output_sigma: float  # its log-space standard deviation: 1.0 gives a heavy tail
-
-
-FULL = WorkloadShape(64, (16, 512), (8, 512), 64, 1.0)
-QUICK = WorkloadShape(16, (8, 64), (4, 48), 12, 1.0)
-
-
-class WorkItem(NamedTuple):
-    prompt: list[int]
-    output_len: int
 
 
 class OursResult(NamedTuple):
@@ -67,21 +45,6 @@ class HFResult(NamedTuple):
     useful_tokens: int  # generated tokens within each request's own length
     decode_waste: float  # fraction of decode slots that were past a row's length
     prefill_waste: float  # fraction of prefill tokens that were left padding
-
-
-def make_workload(vocab_size: int, shape: WorkloadShape, seed: int = SEED) -> list[WorkItem]:
-    """Random token-id prompts and clipped-lognormal output lengths, in arrival order."""
-    rng = random.Random(seed)
-    items = []
-    for _ in range(shape.num_requests):
-        prompt = [rng.randrange(vocab_size) for _ in range(rng.randint(*shape.prompt_len))]
-        drawn = round(rng.lognormvariate(math.log(shape.output_median), shape.output_sigma))
-        items.append(WorkItem(prompt, min(max(drawn, shape.output_len[0]), shape.output_len[1])))
-    return items
-
-
-def useful_tokens(workload: list[WorkItem]) -> int:
-    return sum(item.output_len for item in workload)
 
 
 def run_ours(llm: LLM, workload: list[WorkItem]) -> OursResult:
@@ -133,27 +96,6 @@ def run_hf(model, workload: list[WorkItem], batch_size: int, pad_id: int) -> HFR
     return HFResult(seconds, useful, 1 - useful / decode_slots, 1 - prompt_tokens / prefill_slots)
 
 
-def workload_flops(config: ModelConfig, workload: list[WorkItem]) -> float:
-    """The least work the workload needs, counting matmuls and attention only.
-
-    A request with prompt P and output L feeds n = P + L - 1 tokens through the layers (the last
-    sampled token is never fed back) and runs the LM head for its L sampled tokens:
-    ``2 * W * n + 2 * H * L + 4 * layers * heads * head_dim * n (n + 1) / 2``, where W is the
-    layers' matmul weights (q, k, v, o, gate, up, down), H = vocab * hidden, and the last term is
-    QK^T plus PV for a token at position p attending to p + 1 positions (causal).
-    """
-    h, hd, layers = config.hidden_size, config.head_dim, config.num_hidden_layers
-    attn = h * hd * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
-    weights = layers * (attn + 3 * h * config.intermediate_size)
-    head = config.vocab_size * h
-    per_context = 4 * layers * config.num_attention_heads * hd
-    total = 0.0
-    for item in workload:
-        n = len(item.prompt) + item.output_len - 1
-        total += 2 * weights * n + 2 * head * item.output_len + per_context * n * (n + 1) / 2
-    return total
-
-
 def matmul_flops_per_second(size: int = MATMUL_SIZE, repeats: int = MATMUL_REPEATS) -> float:
     """fp32 ``torch.mm`` throughput on the current threads, best of ``repeats``."""
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -164,51 +106,6 @@ def matmul_flops_per_second(size: int = MATMUL_SIZE, repeats: int = MATMUL_REPEA
         torch.mm(a, b)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
-
-
-def _simulate_step(scheduler: Scheduler, batch: list[ScheduledRequest], token_id: int = 0) -> None:
-    # What LLMEngine.step does to the requests after the model ran: which entries sample is read
-    # before their computed counts move on; then the filled blocks enter the prefix cache.
-    sampled = [entry.request for entry in batch if entry.samples]
-    for entry in batch:
-        entry.request.num_computed_tokens += entry.num_new_tokens
-        scheduler.cache_computed_blocks(entry.request, entry.num_new_tokens)
-    for request in sampled:
-        request.output_token_ids.append(token_id)
-
-
-def scheduler_step_seconds(
-    num_running: int = SCHEDULER_RUNNING, steps: int = SCHEDULER_STEPS
-) -> float:
-    """Median CPU time of ``Scheduler.schedule`` alone with ``num_running`` decoding requests."""
-    max_tokens = WARMUP_STEPS + steps + 2  # no request finishes while timed
-    max_model_len = SCHEDULER_PROMPT_LEN + max_tokens
-    num_blocks = num_running * -(-max_model_len // DEFAULT_BLOCK_SIZE)
-    config = EngineConfig(
-        model="unused",
-        num_kv_blocks=num_blocks,
-        max_num_seqs=num_running,
-        max_num_batched_tokens=max(DEFAULT_MAX_NUM_BATCHED_TOKENS, num_running),
-    )
-    scheduler = Scheduler(config, BlockPool(num_blocks), max_model_len=max_model_len)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    for i in range(num_running):
-        # Distinct prompts, so a prefix cache finds nothing to share.
-        prompt = list(range(i * SCHEDULER_PROMPT_LEN, (i + 1) * SCHEDULER_PROMPT_LEN))
-        scheduler.add(Request(f"sched-{i}", prompt, params))
-    while len(scheduler.running) < num_running or scheduler.waiting:  # admit, prefill in chunks
-        _simulate_step(scheduler, scheduler.schedule())
-    times = []
-    for i in range(WARMUP_STEPS + steps):
-        start = time.thread_time()  # CPU time of this thread: a busy neighbour does not count
-        batch = scheduler.schedule()
-        elapsed = time.thread_time() - start
-        if len(batch) != num_running or any(e.num_new_tokens != 1 for e in batch):
-            raise RuntimeError(f"step {i}: expected {num_running} decodes, got {len(batch)}")
-        if i >= WARMUP_STEPS:
-            times.append(elapsed)
-        _simulate_step(scheduler, batch)
-    return statistics.median(times)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

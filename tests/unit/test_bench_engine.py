@@ -9,6 +9,8 @@ import torch
 import transformers
 
 from pdserve.benchmarks import engine_throughput as bench
+from pdserve.benchmarks import workload as wl
+from pdserve.benchmarks.scheduler_step import scheduler_step_seconds
 from pdserve.cluster import bench as bench_cli
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
@@ -27,16 +29,16 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def workload(tiny_model_dir: Path) -> list[bench.WorkItem]:
+def workload(tiny_model_dir: Path) -> list[wl.WorkItem]:
     vocab = ModelConfig.from_pretrained(tiny_model_dir).vocab_size
-    return bench.make_workload(vocab, bench.QUICK)
+    return wl.make_workload(vocab, wl.QUICK)
 
 
 def test_workload_is_seeded_and_within_its_ranges(tiny_model_dir: Path) -> None:
     vocab = ModelConfig.from_pretrained(tiny_model_dir).vocab_size
-    first, again = bench.make_workload(vocab, bench.FULL), bench.make_workload(vocab, bench.FULL)
-    assert first == again and len(first) == bench.FULL.num_requests
-    low, high = bench.FULL.output_len
+    first, again = wl.make_workload(vocab, wl.FULL), wl.make_workload(vocab, wl.FULL)
+    assert first == again and len(first) == wl.FULL.num_requests
+    low, high = wl.FULL.output_len
     assert all(low <= item.output_len <= high for item in first)
     assert all(0 <= t < vocab for item in first for t in item.prompt)
     # Heterogeneous, heavy-tailed: the longest output is several times the median.
@@ -45,7 +47,7 @@ def test_workload_is_seeded_and_within_its_ranges(tiny_model_dir: Path) -> None:
 
 
 def test_ours_and_transformers_make_the_same_useful_tokens(
-    tiny_model_dir: Path, workload: list[bench.WorkItem]
+    tiny_model_dir: Path, workload: list[wl.WorkItem]
 ) -> None:
     ours = bench.run_ours(LLM(model=tiny_model_dir), workload)
     assert ours.seconds > 0
@@ -55,12 +57,12 @@ def test_ours_and_transformers_make_the_same_useful_tokens(
     pad_id = transformers.AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
     result = bench.run_hf(hf.eval(), workload, HF_BATCH_SIZE, pad_id)
     assert result.seconds > 0
-    assert result.useful_tokens == bench.useful_tokens(workload)
+    assert result.useful_tokens == wl.useful_tokens(workload)
     # A heterogeneous static batch always pads some prompts and decodes past some outputs.
     assert 0 < result.decode_waste < 1 and 0 < result.prefill_waste < 1
     batches = [workload[i : i + HF_BATCH_SIZE] for i in range(0, len(workload), HF_BATCH_SIZE)]
     slots = sum(len(b) * max(item.output_len for item in b) for b in batches)
-    assert result.decode_waste == pytest.approx(1 - bench.useful_tokens(workload) / slots)
+    assert result.decode_waste == pytest.approx(1 - wl.useful_tokens(workload) / slots)
 
 
 def test_workload_flops_formula() -> None:
@@ -77,12 +79,12 @@ def test_workload_flops_formula() -> None:
         }
     )
     # W = 2 layers * (4*2*(2*2 + 2*1) + 3*4*6) = 240, H = 40; prompt 3 + output 2 -> n = 4.
-    flops = bench.workload_flops(config, [bench.WorkItem([1, 2, 3], 2)])
+    flops = wl.workload_flops(config, [wl.WorkItem([1, 2, 3], 2)])
     assert flops == 2 * 240 * 4 + 2 * 40 * 2 + 4 * 2 * 2 * 2 * (1 + 2 + 3 + 4)
 
 
 def test_scheduler_step_time_with_256_running() -> None:
-    seconds = bench.scheduler_step_seconds(num_running=256, steps=20)
+    seconds = scheduler_step_seconds(num_running=256, steps=20)
     assert 0 < seconds < 1
 
 
