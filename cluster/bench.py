@@ -6,6 +6,8 @@ import importlib
 BENCHMARKS = {
     "decode-step": "pdserve.benchmarks.decode_step",
     "engine": "pdserve.benchmarks.engine_throughput",
+    "kv-transfer": "pdserve.benchmarks.kv_transfer",
+    "cluster-latency": "pdserve.benchmarks.cluster_latency",
 }
 
 

@@ -1,0 +1,275 @@
+"""Serving latency: TTFT and ITL through the cluster (aggregated, disaggregated) vs offline.
+
+One workload (the engine benchmark's heterogeneous prompts and outputs, outputs capped short),
+greedy with ``ignore_eos``, sent on one seeded schedule three times: into an in-process
+``AsyncLLMEngine`` (the baseline), then over HTTP with the ``openai`` SDK, streaming
+``/v1/completions``, into a local cluster of one decode replica (aggregated), then into the app
+redeployed as one prefill and one decode replica (disaggregated; fresh replicas, so no prefix cache
+carries over). Every time is taken at the client, each run after a few untimed warm-up requests.
+The router's added latency is the difference, request by request, of the TTFT of one short prompt
+with ``max_tokens`` 1 over the aggregated cluster's HTTP and in the idle in-process engine, sent
+one after the other. Timing rules: ``stream_timing.py``.
+"""
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+import numpy as np
+import torch
+
+from pdserve.benchmarks.stream_timing import (
+    Send,
+    Summary,
+    arrival_offsets,
+    http_client,
+    http_request,
+    measure,
+    offline_sender,
+    warm_up,
+)
+from pdserve.benchmarks.workload import FULL, SEED, WorkItem, make_workload
+from pdserve.cluster.config import DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ClusterConfig
+from pdserve.engine.async_engine import AsyncLLMEngine
+from pdserve.engine.config import ModelConfig
+
+MAX_OUTPUT_LEN = 64  # caps the workload's heavy tail, so a run takes minutes on 2 busy cores
+REQUEST_RATE = 4.0  # requests/s, Poisson: below the offline engine's capacity on 2 busy cores
+NUM_KV_BLOCKS = 4096  # per engine: 64k tokens, the whole workload at once with room to spare
+WARMUP_REQUESTS = 4
+OVERHEAD_REQUESTS = 100
+OVERHEAD_PROMPT_LEN = 16
+OVERHEAD_AIM_MS = 5.0  # issue 5: the router's added latency, p50
+CLUSTERS = {"aggregated": 0, "disaggregated": 1}  # run -> prefill replicas (1 decode replica)
+# Ray gives an actor with num_cpus 0 (our pools' default) OMP_NUM_THREADS=1 unless it is set, so
+# the replicas' engines run on that many torch threads; the offline engine matches them.
+REPLICA_THREADS = int(os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+class ClusterRun(NamedTuple):
+    summary: Summary
+    remote: int  # measured requests the router sent to the prefill pool
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=Path("models/tiny"))
+    parser.add_argument("--preset", default="tiny", help="made into --model when it is missing")
+    parser.add_argument("--num-requests", type=int, default=FULL.num_requests)
+    parser.add_argument("--max-output-len", type=int, default=MAX_OUTPUT_LEN)
+    parser.add_argument(
+        "--request-rate", type=float, default=REQUEST_RATE, help="Poisson, req/s; inf: all at once"
+    )
+    parser.add_argument("--seed", type=int, default=SEED, help="workload and arrivals")
+    parser.add_argument("--threads", type=int, default=REPLICA_THREADS, help="offline engine's")
+    parser.add_argument("--num-kv-blocks", type=int, default=NUM_KV_BLOCKS, help="per engine")
+    parser.add_argument(
+        "--local-prefill-max-tokens", type=int, default=DEFAULT_LOCAL_PREFILL_MAX_TOKENS
+    )
+    parser.add_argument("--warmup", type=int, default=WARMUP_REQUESTS, help="before each run")
+    parser.add_argument("--overhead-requests", type=int, default=OVERHEAD_REQUESTS)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_config(
+    args: argparse.Namespace, prefill_replicas: int, ports: tuple[int, int]
+) -> ClusterConfig:
+    model = {
+        "name": args.model.name,
+        "path": str(args.model.resolve()),
+        "engine": {"num_kv_blocks": args.num_kv_blocks},
+        "prefill": {"replicas": prefill_replicas},
+        "decode": {"replicas": 1},
+        "routing": {"local_prefill_max_tokens": args.local_prefill_max_tokens},
+    }
+    return ClusterConfig(models=[model], http_port=ports[0], grpc_port=ports[1])
+
+
+def redeploy(config: ClusterConfig) -> None:
+    """Replaces the running app by ``config``'s, with fresh replicas (empty prefix caches)."""
+    from ray import serve
+
+    from pdserve.cluster.app import build_app
+    from pdserve.cluster.serve import APP_NAME
+
+    serve.run(build_app(config.model_dump()), name=APP_NAME, route_prefix="/")
+
+
+T = TypeVar("T")
+
+
+async def _over_http(config: ClusterConfig, use: Callable[[Send], Awaitable[T]]) -> T:
+    name = config.models[0].name
+    async with http_client(config.http_port) as sdk:
+        return await use(lambda item: http_request(sdk, name, item))
+
+
+def _route_decisions(name: str) -> dict[str, int]:
+    from ray import serve
+
+    from pdserve.cluster.serve import APP_NAME
+
+    return serve.get_app_handle(APP_NAME).route_decisions.remote().result()[name]
+
+
+def measure_cluster(
+    config: ClusterConfig, workload: list[WorkItem], warmup: list[WorkItem], offsets: list[float]
+) -> ClusterRun:
+    """The workload over HTTP into the running cluster, after the warm-up requests."""
+    name = config.models[0].name
+    asyncio.run(_over_http(config, lambda send: warm_up(send, warmup)))
+    before = _route_decisions(name)
+    summary = asyncio.run(_over_http(config, lambda send: measure(send, workload, offsets)))
+    remote = _route_decisions(name).get("remote", 0) - before.get("remote", 0)
+    return ClusterRun(summary, remote)
+
+
+async def router_overhead(
+    engine: AsyncLLMEngine, config: ClusterConfig, prompts: list[list[int]]
+) -> list[tuple[float, float]]:
+    """Per prompt, one after the other: (TTFT in the idle in-process engine, TTFT over HTTP)."""
+    in_process = offline_sender(engine, "overhead")
+
+    async def pairs(over_http: Send) -> list[tuple[float, float]]:
+        ttfts = []
+        for prompt in prompts:
+            item = WorkItem(prompt, 1)
+            ttfts.append(((await in_process(item)).ttft, (await over_http(item)).ttft))
+        return ttfts
+
+    return await _over_http(config, pairs)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def print_report(
+    args: argparse.Namespace,
+    workload: list[WorkItem],
+    runs: dict[str, Summary],
+    disaggregated: ClusterRun,
+    overhead: list[tuple[float, float]],
+    loads: tuple[float, float],
+) -> None:
+    prompts, outputs = [len(w.prompt) for w in workload], [w.output_len for w in workload]
+    arrivals = (
+        "all at once"
+        if math.isinf(args.request_rate)
+        else f"Poisson at {args.request_rate:g} req/s (seed {args.seed})"
+    )
+    print(
+        f"model {args.model} (fp32), offline engine on {args.threads} torch thread(s), "
+        f"replicas on {REPLICA_THREADS}; load average {loads[0]:.1f} before, {loads[1]:.1f} after"
+    )
+    print(
+        f"{len(workload)} requests, {arrivals}; prompts {min(prompts)}-{max(prompts)} tokens "
+        f"(mean {np.mean(prompts):.0f}), outputs {min(outputs)}-{max(outputs)} "
+        f"(mean {np.mean(outputs):.0f}, {sum(outputs)} in all); greedy, ignore_eos"
+    )
+    print(
+        f"disaggregated: local_prefill_max_tokens {args.local_prefill_max_tokens}, "
+        f"{disaggregated.remote} of {len(workload)} prefilled remotely\n"
+    )
+    base = runs["offline"]
+    print(
+        "| run | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | output tok/s "
+        "| TTFT p50 / offline | ITL p50 / offline | tok/s / offline |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, s in runs.items():
+        print(
+            f"| {name} | {_ms(s.ttft_p50)} | {_ms(s.ttft_p99)} | {_ms(s.itl_p50)} | "
+            f"{_ms(s.itl_p99)} | {s.tokens_per_s:.0f} | {s.ttft_p50 / base.ttft_p50:.2f}x | "
+            f"{s.itl_p50 / base.itl_p50:.2f}x | {s.tokens_per_s / base.tokens_per_s:.2f}x |"
+        )
+    local, http = np.array(overhead).T
+    added = http - local
+    p50 = np.percentile(added, 50)
+    verdict = "met" if p50 * 1e3 < OVERHEAD_AIM_MS else "missed"
+    print(
+        f"\n| router added latency, {len(added)} sequential {OVERHEAD_PROMPT_LEN}-token prompts, "
+        "max_tokens 1 | p50 ms | p99 ms | TTFT in-process p50 ms | TTFT over HTTP p50 ms |"
+    )
+    print("|---|---|---|---|---|")
+    print(
+        f"| HTTP TTFT - in-process TTFT (aim: p50 < {OVERHEAD_AIM_MS:g} ms, {verdict}) | "
+        f"{_ms(p50)} | {_ms(np.percentile(added, 99))} | {_ms(np.percentile(local, 50))} | "
+        f"{_ms(np.percentile(http, 50))} |"
+    )
+    print(
+        f"\ncommand: pdserve bench cluster-latency --model {args.model} "
+        f"--num-requests {args.num_requests} --max-output-len {args.max_output_len} "
+        f"--request-rate {args.request_rate:g} --seed {args.seed} --threads {args.threads} "
+        f"--num-kv-blocks {args.num_kv_blocks} "
+        f"--local-prefill-max-tokens {args.local_prefill_max_tokens} --warmup {args.warmup} "
+        f"--overhead-requests {args.overhead_requests}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdserve.cluster.serve import start, stop
+
+    torch.set_num_threads(args.threads)
+    if not (args.model / "config.json").exists():
+        from pdserve.cluster.make_model import make_model
+
+        make_model(args.preset, args.model)
+    vocab = ModelConfig.from_pretrained(args.model).vocab_size
+    shape = FULL._replace(
+        num_requests=args.num_requests, output_len=(FULL.output_len[0], args.max_output_len)
+    )
+    workload = make_workload(vocab, shape, args.seed)
+    # Same shape, so the warm-up takes both paths (and sets up the KV transfer's connection).
+    warmup = make_workload(vocab, shape._replace(num_requests=args.warmup), args.seed + 1)
+    rng = random.Random(args.seed + 2)
+    overhead_prompts = [
+        [rng.randrange(vocab) for _ in range(OVERHEAD_PROMPT_LEN)]
+        for _ in range(args.overhead_requests)
+    ]
+    offsets = arrival_offsets(len(workload), args.request_rate, args.seed)
+    ports = (_free_port(), _free_port())
+    configs = {name: cluster_config(args, n, ports) for name, n in CLUSTERS.items()}
+    load_before = os.getloadavg()[0]
+    # The replicas build their engines from the same section of the cluster config.
+    engine = AsyncLLMEngine(configs["aggregated"].models[0].engine_config())
+    try:
+        send = offline_sender(engine, "offline")
+        asyncio.run(warm_up(send, warmup))
+        runs = {"offline": asyncio.run(measure(send, workload, offsets))}
+        # "local": a Ray of our own, never one that `ray start` left running on this machine.
+        start(configs["aggregated"], address="local")
+        try:
+            aggregated = measure_cluster(configs["aggregated"], workload, warmup, offsets)
+            overhead = asyncio.run(router_overhead(engine, configs["aggregated"], overhead_prompts))
+            redeploy(configs["disaggregated"])
+            disaggregated = measure_cluster(configs["disaggregated"], workload, warmup, offsets)
+        finally:
+            stop()
+    finally:
+        engine.shutdown()
+    runs |= {"aggregated": aggregated.summary, "disaggregated": disaggregated.summary}
+    loads = (load_before, os.getloadavg()[0])
+    print_report(args, workload, runs, disaggregated, overhead, loads)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pdserve.benchmarks.cluster_latency``: as ``pdserve bench cluster-latency``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The cluster-latency benchmark, end to end at a tiny size: every run reports finite numbers."""
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pdserve.benchmarks import cluster_latency as bench
+from pdserve.benchmarks.stream_timing import TokenClock, arrival_offsets
+
+ROWS = ("offline", "aggregated", "disaggregated")
+
+
+def test_a_chunk_of_k_tokens_adds_k_even_gaps_and_the_first_chunk_none() -> None:
+    clock = TokenClock()
+    clock.tick(2)  # the first token, and one more that came with it
+    clock.tick(0)  # a chunk with no token (e.g. the finish reason alone) adds nothing
+    clock.tick(3)
+    timing = clock.timing(5)
+    assert timing.num_tokens == 5 and timing.ttft > 0
+    assert len(timing.itls) == 3 and len(set(timing.itls)) == 1
+    with pytest.raises(RuntimeError, match="asked for 6 tokens, got 5"):
+        clock.timing(6)
+
+
+def test_arrivals_are_seeded_poisson_or_all_at_once() -> None:
+    offsets = arrival_offsets(64, 8.0, seed=0)
+    assert offsets == arrival_offsets(64, 8.0, seed=0) and offsets[0] == 0
+    assert offsets == sorted(offsets) and 4 < offsets[-1] < 16  # ~63 / 8 s
+    assert arrival_offsets(3, math.inf, seed=0) == [0.0, 0.0, 0.0]
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()  # the benchmark sets the offline engine's
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow  # one local Ray, the app deployed twice: 75-110 s on a busy 2-core machine
+def test_every_run_reports_finite_numbers(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], torch_threads: None
+) -> None:
+    argv = ["--model", str(tiny_model_dir), "--num-requests", "4", "--max-output-len", "4"]
+    argv += ["--request-rate", "inf", "--warmup", "1", "--overhead-requests", "4"]
+    assert bench.main(argv) == 0
+
+    rows = {}  # first cell -> the others, for every table row
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("| "):
+            name, *cells = (cell.strip() for cell in line.strip("|").split("|"))
+            rows[name] = cells
+    for name in ROWS:
+        numbers = [float(cell.removesuffix("x")) for cell in rows[name]]
+        assert len(numbers) == 8 and all(math.isfinite(n) and n > 0 for n in numbers), name
+    [overhead] = [cells for name, cells in rows.items() if name.startswith("HTTP TTFT")]
+    assert len(overhead) == 4 and all(math.isfinite(float(cell)) for cell in overhead)
