@@ -262,14 +262,3 @@ def run(args: argparse.Namespace) -> int:
     loads = (load_before, os.getloadavg()[0])
     print_report(args, workload, runs, disaggregated, overhead, loads)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pdserve.benchmarks.cluster_latency``: as ``pdserve bench cluster-latency``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

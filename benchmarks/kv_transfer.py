@@ -244,14 +244,3 @@ def run(args: argparse.Namespace) -> int:
         f"--threads {args.threads} --seed {args.seed}"
     )
     return 0 if all(r.identical for results in sizes.values() for r in results) else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pdserve.benchmarks.kv_transfer``: the same as ``pdserve bench kv-transfer``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pdserve.benchmarks import cluster_latency as bench
 from pdserve.benchmarks.stream_timing import TokenClock, arrival_offsets
+from pdserve.cluster import cli
 
 ROWS = ("offline", "aggregated", "disaggregated")
 
@@ -45,7 +45,7 @@ def test_every_run_reports_finite_numbers(
 ) -> None:
     argv = ["--model", str(tiny_model_dir), "--num-requests", "4", "--max-output-len", "4"]
     argv += ["--request-rate", "inf", "--warmup", "1", "--overhead-requests", "4"]
-    assert bench.main(argv) == 0
+    assert cli.main(["bench", "cluster-latency", *argv]) == 0
 
     rows = {}  # first cell -> the others, for every table row
     for line in capsys.readouterr().out.splitlines():

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.benchmarks import kv_transfer as bench
+from pdserve.cluster import cli
 
 TOKENS = (16, 64)  # 1 and 4 blocks of 16 tokens
 
@@ -20,7 +21,7 @@ def test_every_mode_reports_and_lands_bit_identical(
     tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["--model", str(tiny_model_dir), "--repeats", "1", "--warmup", "1", "--tokens"]
-    assert bench.main([*argv, *map(str, TOKENS)]) == 0
+    assert cli.main(["bench", "kv-transfer", *argv, *map(str, TOKENS)]) == 0
 
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     modes = [bench.COPY, bench.INDEXED_COPY, *bench.TRANSFERS]
