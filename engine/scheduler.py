@@ -14,7 +14,7 @@ running decode when the transfer has landed.
 
 import heapq
 import itertools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pdserve.engine.block_pool import BlockPool
 from pdserve.engine.config import EngineConfig
@@ -22,8 +22,7 @@ from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.request import Request, RequestStatus
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):  # a tuple: the scheduler makes one per running request
     request: Request
     num_new_tokens: int
 
@@ -115,27 +114,38 @@ class Scheduler:
         preempted = False
         # Decodes before unfinished prompt chunks, so a long prompt's chunk can never take the
         # budget that running streams need for their next token.
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        chunks = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decodes: list[Request] = []
+        chunks: list[Request] = []
+        for request in self.running:
+            remaining = request.num_tokens - request.num_computed_tokens
+            (decodes if remaining == 1 else chunks).append(request)
+        block_size = self.block_size
         for request in decodes + chunks:
             if budget == 0:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = self._chunk(request, budget)
-            need = self._blocks_needed(request, n)
-            while not self.block_pool.can_allocate(need):
-                victim = self._preempt_one()
-                preempted = True
-                if victim in scheduled:
-                    budget += scheduled.pop(victim).num_new_tokens
-                if victim == request.request_id:
-                    break
+            if request.num_tokens - request.num_computed_tokens == 1:
+                # A decode needs a block only when its last one is full.
+                n = 1
+                need = int(request.num_computed_tokens == len(request.block_ids) * block_size)
             else:
-                if need:
+                n = self._chunk(request, budget)
+                need = self._blocks_needed(request, n)
+            if need:
+                while not self.block_pool.can_allocate(need):
+                    victim = self._preempt_one()
+                    preempted = True
+                    if victim in scheduled:
+                        budget += scheduled.pop(victim).num_new_tokens
+                    if victim == request.request_id:
+                        break
+                else:
                     request.block_ids += self.block_pool.allocate(need)
-                scheduled[request.request_id] = ScheduledRequest(request, n)
-                budget -= n
+                if request.status != RequestStatus.RUNNING:
+                    continue
+            scheduled[request.request_id] = ScheduledRequest(request, n)
+            budget -= n
         # Admitting more right after preempting would only preempt again.
         while not preempted and self.waiting and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
