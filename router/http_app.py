@@ -26,15 +26,21 @@ from pdserve.router.errors import INVALID_REQUEST, APIError, ErrorKind, to_api_e
 from pdserve.router.openai_requests import ChatCompletionRequest, CompletionRequest
 from pdserve.router.openai_responses import ModelCard, ModelList
 from pdserve.router.sse import EventStreamResponse, event_stream
+from pdserve.router.timing import RequestTimingMiddleware, TimingLog
 
 # nginx's "client closed request": nobody reads it, but the access log says what happened.
 CLIENT_CLOSED_REQUEST = 499
 T = TypeVar("T")
 
 
-def build_http_app(clients: Mapping[str, EngineClient]) -> FastAPI:
-    """``clients`` maps each served model name to its engine; the first is the default model."""
+def build_http_app(
+    clients: Mapping[str, EngineClient], timing_log: TimingLog | None = None
+) -> FastAPI:
+    """``clients`` maps each served model name to its engine; the first is the default model.
+    With ``timing_log``, every request that reaches an engine logs its timings there."""
     app = FastAPI(title="pdserve", summary="OpenAI-compatible LLM serving")
+    if timing_log is not None:
+        app.add_middleware(RequestTimingMiddleware, log=timing_log)
     created = int(time.time())
     _install_error_handlers(app)
 

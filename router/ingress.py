@@ -13,6 +13,7 @@ from pdserve.cluster.config import ServedModel
 from pdserve.router.grpc_service import GenerationServicer
 from pdserve.router.http_app import build_http_app
 from pdserve.router.serve_client import ServeEngineClient
+from pdserve.router.timing import TimingLog
 
 
 @serve.ingress()
@@ -31,10 +32,15 @@ class Router(GenerationServicer):
                 served, prefill.get(served.name), decode[served.name]
             )
         super().__init__(clients)
+        self._timing_log = TimingLog()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_http_app(self.clients)
+        return build_http_app(self.clients, self._timing_log)
 
     def route_decisions(self) -> dict[str, dict[str, int]]:
         """Per model, how many requests took each path ("local" or "remote" prefill)."""
         return {name: dict(client.route_decisions) for name, client in self.clients.items()}
+
+    def take_request_timings(self) -> list[dict]:
+        """The HTTP requests' timings logged since the last call (``router/timing.py``)."""
+        return self._timing_log.take()

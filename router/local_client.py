@@ -6,6 +6,7 @@ from pdserve.engine.async_engine import AsyncLLMEngine
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 
 
 class LocalEngineClient:
@@ -19,14 +20,17 @@ class LocalEngineClient:
     def from_config(cls, config: EngineConfig, model_name: str) -> "LocalEngineClient":
         return cls(AsyncLLMEngine(config), model_name)
 
-    def generate(
+    async def generate(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        return self.engine.generate(request_id, prompt_token_ids, params, priority)
+        mark_upstream_call()
+        async for chunk in self.engine.generate(request_id, prompt_token_ids, params, priority):
+            mark_upstream_output(chunk)
+            yield chunk
 
     async def check_health(self) -> None:
         self.engine.check_health()

@@ -24,6 +24,7 @@ from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
+from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,10 @@ class ServeEngineClient:
         work: GenerateRequest | RemotePrefilled = request
         first: RequestOutput | None = None  # streamed already; the decode side repeats it
         try:
+            mark_upstream_call()
             if decision == "remote":
                 prefill = await self._prefill.prefill.remote(request)
+                mark_upstream_output(prefill.first_output)
                 if prefill.kv is None:  # it ended at its first token
                     yield prefill.first_output
                     return
@@ -79,6 +82,7 @@ class ServeEngineClient:
             stream = self._decode.remote(work)
             try:
                 async for chunk in stream:
+                    mark_upstream_output(chunk)
                     if first is not None:
                         chunk, first = without_first_token(chunk, first), None
                         if chunk is None:

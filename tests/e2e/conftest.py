@@ -23,6 +23,7 @@ from pdserve.router.engine_client import EngineClient
 from pdserve.router.grpc_service import GenerationServicer, start_grpc_server
 from pdserve.router.http_app import build_http_app
 from pdserve.router.local_client import LocalEngineClient
+from pdserve.router.timing import TimingLog
 
 MODEL = "tiny"
 OVERLOADED_MODEL = "tiny-overloaded"
@@ -69,8 +70,11 @@ def clients(
 
 
 @contextmanager
-def _http_server(clients: dict[str, EngineClient]) -> Iterator[str]:
-    config = uvicorn.Config(build_http_app(clients), host="127.0.0.1", port=0, log_level="warning")
+def _http_server(
+    clients: dict[str, EngineClient], timing_log: TimingLog | None = None
+) -> Iterator[str]:
+    app = build_http_app(clients, timing_log)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
@@ -88,9 +92,15 @@ def _http_server(clients: dict[str, EngineClient]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def http_url(clients: dict[str, EngineClient]) -> Iterator[str]:
+def timing_log() -> TimingLog:
+    """Where the ``http_url`` app logs its requests' timings."""
+    return TimingLog()
+
+
+@pytest.fixture(scope="session")
+def http_url(clients: dict[str, EngineClient], timing_log: TimingLog) -> Iterator[str]:
     """The base URL (no /v1) of the HTTP app serving ``tiny`` and ``tiny-overloaded``."""
-    with _http_server(clients) as url:
+    with _http_server(clients, timing_log) as url:
         yield url
 
 
