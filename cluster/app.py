@@ -29,6 +29,7 @@ def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Applic
             request_router_class=KVAwareRouter,
             request_router_kwargs={
                 "role": role,
+                "pool": served.name,
                 "block_size": served.engine_config().block_size,
                 "kv_overlap_weight": routing.kv_overlap_weight,
                 "load_weight": routing.load_weight,

@@ -17,6 +17,9 @@ DEFAULT_GRPC_PORT = 9000
 # Prompts with fewer uncached tokens than this prefill on the decode replica (aggregated path).
 DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 128
 DEFAULT_ROUTING_STATS_PERIOD_S = 0.5
+# A prefill replica with this many prompt tokens queued is saturated: 8 of the engine's default
+# 2,048-token steps.
+DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 16384
 DEFAULT_MAX_ONGOING_REQUESTS = 256  # the engine's default max_num_seqs
 DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
 
@@ -39,7 +42,10 @@ class PoolConfig(_Strict):
 class RoutingConfig(_Strict):
     # "kv_aware": router/kv_routing.py; "power_of_two": Serve's default (load only), a baseline.
     policy: Literal["kv_aware", "power_of_two"] = "kv_aware"
+    # Remote prefill only when the prompt's part not cached at its decode replica is this long.
     local_prefill_max_tokens: int = Field(DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ge=0)
+    # When every prefill replica has this many prompt tokens queued, prompts prefill locally.
+    prefill_queue_max_tokens: int = Field(DEFAULT_PREFILL_QUEUE_MAX_TOKENS, ge=1)
     kv_overlap_weight: float = Field(1.0, ge=0)  # prefill: score of each cached prompt token
     load_weight: float = Field(1.0, ge=0)  # score of each queued token / active block
     stats_period_s: float = Field(DEFAULT_ROUTING_STATS_PERIOD_S, gt=0)

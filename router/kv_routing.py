@@ -11,10 +11,13 @@ Load is the prompt tokens a prefill replica has queued, or the KV tokens a decod
 plus the prompt tokens this router has sent it since its last report. Between reports, blocks this
 router sent a replica count as cached there, so a burst of requests sharing a prefix still lands
 where the first one went.
+
+Each router registers itself in ``pool_views`` under its pool (model name and role), so the
+ingress in the same process can ask it about the pool before sending a request.
 """
 
 import collections
-from typing import Any, Literal
+from typing import Any
 
 from ray.serve.request_router import (
     FIFOMixin,
@@ -25,8 +28,9 @@ from ray.serve.request_router import (
 )
 
 from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
+from pdserve.router import pool_views
+from pdserve.router.pool_views import Role
 
-Role = Literal["prefill", "decode"]
 # Blocks a router remembers sending to one replica before its own report catches up.
 MAX_RECENT_BLOCKS = 65536
 
@@ -35,6 +39,7 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
     def initialize_state(
         self,
         role: Role = "prefill",
+        pool: str = "",
         block_size: int = 16,
         kv_overlap_weight: float = 1.0,
         load_weight: float = 1.0,
@@ -46,6 +51,28 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         # Per replica: hashes sent there (oldest first) and prompt tokens in flight there.
         self._recent: dict[ReplicaID, collections.OrderedDict[bytes, None]] = {}
         self._in_flight: dict[ReplicaID, dict[str, int]] = {}
+        pool_views.register(pool, role, self)
+
+    # -- pool_views.PoolView, read from the ingress's thread --------------------------------------
+    # Serve replaces `curr_replicas` and each replica's stats whole; the snapshots below copy what
+    # this router's own thread changes in place.
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.curr_replicas)
+
+    def cached_prefix_tokens(self, request: GenerateRequest) -> int:
+        replicas = list(self.curr_replicas.values())
+        if not replicas:
+            return 0
+        best = max(replicas, key=lambda r: self._score(r, request))
+        return self._overlap(best, request) * self._block_size
+
+    def saturated(self, max_load_tokens: int) -> bool:
+        replicas = list(self.curr_replicas.values())
+        return bool(replicas) and all(self._load(r) >= max_load_tokens for r in replicas)
+
+    # -- RequestRouter ----------------------------------------------------------------------------
 
     async def choose_replicas(
         self,
@@ -77,6 +104,11 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         self._in_flight.get(replica_id, {}).pop(internal_request_id, None)
 
     def _score(self, replica: RunningReplica, request: GenerateRequest) -> float:
+        overlap_tokens = self._overlap(replica, request) * self._block_size
+        return self._kv_weight * overlap_tokens - self._load_weight * self._load(replica)
+
+    def _overlap(self, replica: RunningReplica, request: GenerateRequest) -> int:
+        """The prompt's leading blocks cached at the replica, or sent there since its report."""
         stats = replica.routing_stats or {}
         cached = stats.get("cached_block_hashes", frozenset())
         recent = self._recent.get(replica.replica_id, {})
@@ -85,13 +117,18 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
             if block_hash not in cached and block_hash not in recent:
                 break
             overlap += 1
+        return overlap
+
+    def _load(self, replica: RunningReplica) -> int:
+        """Tokens: a prefill replica's queued prompt tokens, a decode replica's held KV, plus the
+        prompts sent there since its report."""
+        stats = replica.routing_stats or {}
         if self._role == "prefill":
             load = stats.get("num_queued_prefill_tokens", 0)
         else:
             held = stats.get("num_blocks", 0) - stats.get("num_free_blocks", 0)
             load = held * self._block_size
-        load += sum(self._in_flight.get(replica.replica_id, {}).values())
-        return self._kv_weight * overlap * self._block_size - self._load_weight * load
+        return load + sum(tuple(self._in_flight.get(replica.replica_id, {}).values()))
 
 
 def _generate_request(pending_request: PendingRequest | None) -> GenerateRequest | None:

@@ -1,7 +1,8 @@
 """An ``EngineClient`` over the worker pools' Serve handles: the disaggregated request flow.
 
-A prompt shorter than ``local_prefill_max_tokens``, or any prompt when no prefill pool is
-configured, goes straight to a decode replica, which prefills it itself. Otherwise a prefill
+A prompt goes straight to a decode replica, which prefills it itself, when ``disaggregation.py``
+says so: no prefill pool, a part not cached at the decode replica under
+``local_prefill_max_tokens``, no prefill replica up, or all of them saturated. Otherwise a prefill
 replica runs it to its first token and holds its KV under a lease; that token goes to the client
 at once (``first_token.py``) while a decode replica pulls the KV and streams the rest. Closing the
 stream cancels the calls, so the replicas abort the request and free its blocks.
@@ -10,7 +11,6 @@ stream cancels the calls, so the replicas abort the request and free its blocks.
 import collections
 import logging
 from collections.abc import AsyncIterator
-from typing import Literal
 
 from ray.exceptions import RayTaskError
 from ray.serve.handle import DeploymentHandle
@@ -23,12 +23,12 @@ from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
+from pdserve.router.disaggregation import decide
 from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
+from pdserve.router.pool_views import pool_view
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 
 logger = logging.getLogger(__name__)
-
-Decision = Literal["local", "remote"]
 
 
 class ServeEngineClient:
@@ -46,10 +46,12 @@ class ServeEngineClient:
         )
         self._block_size = engine_config.block_size
         self.tokenizer = Tokenizer.from_pretrained(served.path)
-        self._prefill = prefill
+        # Built now, so their request routers (the pools' views) exist before the first request.
+        self._prefill = None if prefill is None else prefill.options(method_name="prefill")
         self._decode = decode.options(stream=True, method_name="generate")
         self._health = decode.options(method_name="check_health")
-        self.route_decisions: collections.Counter[Decision] = collections.Counter()
+        # "local" and "remote", and per reason (e.g. "local:cached"): where prompts prefilled.
+        self.route_decisions: collections.Counter[str] = collections.Counter()
 
     async def generate(
         self,
@@ -63,14 +65,22 @@ class ServeEngineClient:
         request = GenerateRequest(
             request_id, prompt_token_ids, params, priority, tuple(block_hashes)
         )
-        decision = self._decide(prompt_token_ids)
+        decision, reason = decide(
+            request,
+            self.served.routing,
+            self._prefill is not None,
+            pool_view(self.model_name, "decode"),
+            pool_view(self.model_name, "prefill"),
+        )
         self.route_decisions[decision] += 1
+        if decision == "local":
+            self.route_decisions[f"local:{reason}"] += 1
         work: GenerateRequest | RemotePrefilled = request
         first: RequestOutput | None = None  # streamed already; the decode side repeats it
         try:
             mark_upstream_call()
             if decision == "remote":
-                prefill = await self._prefill.prefill.remote(request)
+                prefill = await self._prefill.remote(request)
                 mark_upstream_output(prefill.first_output)
                 if prefill.kv is None:  # it ended at its first token
                     yield prefill.first_output
@@ -98,10 +108,3 @@ class ServeEngineClient:
             await self._health.remote()
         except Exception as error:
             raise EngineStoppedError(f"{self.model_name}: decode pool unhealthy: {error}") from None
-
-    def _decide(self, prompt_token_ids: list[int]) -> Decision:
-        if self._prefill is None:
-            return "local"
-        if len(prompt_token_ids) < self.served.routing.local_prefill_max_tokens:
-            return "local"
-        return "remote"

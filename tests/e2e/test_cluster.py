@@ -1,13 +1,16 @@
 """The disaggregated cluster on Ray Serve, end to end: router + 1 prefill + 2 decode replicas on
 the tiny model, driven by the ``openai`` SDK over HTTP and by grpcio through Serve's gRPC proxy.
 
-Prompts of at least ``LOCAL_MAX`` tokens take the remote path (prefill replica, KV pulled over
-NIXL, decode replica); shorter ones prefill on the decode replica. Either way the greedy tokens
-equal the offline engine's, which the unit tests hold equal to transformers'.
+Prompts of at least ``LOCAL_MAX`` tokens not cached at their decode replica take the remote path
+(prefill replica, KV pulled over NIXL, decode replica); shorter ones, and repeats, prefill on the
+decode replica. Either way the greedy tokens equal the offline engine's, which the unit tests hold
+equal to transformers'.
 """
 
 import asyncio
+import collections
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -18,7 +21,7 @@ import ray
 import torch
 from ray import serve
 
-from pdserve.cluster.config import ClusterConfig
+from pdserve.cluster.config import DEFAULT_ROUTING_STATS_PERIOD_S, ClusterConfig
 from pdserve.cluster.serve import APP_NAME, start, stop
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
@@ -65,19 +68,47 @@ def client(cluster):
         yield sdk
 
 
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(0)
-    return [torch.randint(0, 4096, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+def _prompts(seed: int, lengths: list[int] = PROMPT_LENGTHS) -> list[list[int]]:
+    # A fresh seed for each use that must take the remote path: a prompt a decode replica has
+    # seen before is cached there, so it prefills locally.
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 4096, (n,), generator=generator).tolist() for n in lengths]
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model_dir, prompts) -> list[list[int]]:
-    llm = LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+def offline(tiny_model_dir) -> LLM:
+    return LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+
+
+def _greedy(offline: LLM, prompts: list[list[int]]) -> list[list[int]]:
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    offline = [out.token_ids for out in llm.generate(prompts, params)]
-    assert offline == hf_greedy(tiny_model_dir, [(p, MAX_TOKENS) for p in prompts])
-    return offline
+    return [out.token_ids for out in offline.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def prompt_sets() -> dict[bool, list[list[int]]]:
+    """One set of the 16 prompts for each of the streamed and the non-streamed run."""
+    return {False: _prompts(seed=0), True: _prompts(seed=1)}
+
+
+@pytest.fixture(scope="module")
+def prompts(prompt_sets) -> list[list[int]]:
+    return prompt_sets[False]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model_dir, offline, prompt_sets) -> dict[bool, list[list[int]]]:
+    result = {}
+    for stream, prompts in prompt_sets.items():
+        result[stream] = _greedy(offline, prompts)
+        assert result[stream] == hf_greedy(tiny_model_dir, [(p, MAX_TOKENS) for p in prompts])
+    return result
+
+
+def _route_decisions() -> dict[str, int]:
+    return collections.Counter(
+        serve.get_app_handle(APP_NAME).route_decisions.remote().result()[MODEL]
+    )
 
 
 def _post(url: str, body: bytes) -> urllib.request.Request:
@@ -92,8 +123,10 @@ def _decode_stats() -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_greedy_equals_offline_on_both_paths(client, prompts, expected, stream):
-    for prompt, want in zip(prompts, expected, strict=True):
+def test_greedy_equals_offline_on_both_paths(client, prompt_sets, expected, stream):
+    before = _route_decisions()
+    prompts = prompt_sets[stream]
+    for prompt, want in zip(prompts, expected[stream], strict=True):
         response = client.completions.create(
             model=MODEL, prompt=prompt, stream=stream, extra_body=GREEDY_EXTRA, **GREEDY
         )
@@ -102,18 +135,33 @@ def test_greedy_equals_offline_on_both_paths(client, prompts, expected, stream):
         else:
             tokens = response.choices[0].logprobs.tokens
         assert token_ids(tokens) == want, f"prompt of {len(prompt)} tokens"
+    routed = _route_decisions() - before
+    long_prompts = sum(len(p) >= LOCAL_MAX for p in prompts)
+    assert routed == collections.Counter(
+        remote=long_prompts, local=len(prompts) - long_prompts, **{"local:short": 4}
+    )
 
 
-def test_short_prompts_prefill_locally_long_ones_remotely(client, prompts):
-    router = serve.get_app_handle(APP_NAME)
-    before = router.route_decisions.remote().result()[MODEL]
-    for prompt in (prompts[1], prompts[-1]):  # 7 and 1,000 tokens
-        client.completions.create(model=MODEL, prompt=prompt, extra_body=GREEDY_EXTRA, **GREEDY)
-    after = router.route_decisions.remote().result()[MODEL]
-    assert after["local"] == before.get("local", 0) + 1
-    assert after["remote"] == before.get("remote", 0) + 1
+def test_prompts_prefill_locally_when_short_or_cached_at_the_decoder(client, offline):
+    short, long = _prompts(seed=2, lengths=[7, 1000])
+    want = _greedy(offline, [short, long])
+    before = _route_decisions()
+    outputs = []
+    for prompt in (short, long, long):  # the repeat finds the whole prompt at its decode replica
+        # Once the replicas' load reports show the last request's blocks free again: until then
+        # the replica holding the prefix also looks loaded by as much, and the router may choose
+        # the other. Serve collects the reports every DEFAULT_ROUTING_STATS_PERIOD_S.
+        wait_all_free(POOLS)
+        time.sleep(3 * DEFAULT_ROUTING_STATS_PERIOD_S)
+        response = client.completions.create(
+            model=MODEL, prompt=prompt, extra_body=GREEDY_EXTRA, **GREEDY
+        )
+        outputs.append(token_ids(response.choices[0].logprobs.tokens))
+    assert outputs == [want[0], want[1], want[1]]
+    routed = _route_decisions() - before
+    assert routed == collections.Counter(local=2, remote=1, **{"local:short": 1, "local:cached": 1})
     decode = _decode_stats().values()
-    assert sum(s["kv_num_transfers"] for s in decode) >= after["remote"]
+    assert sum(s["kv_num_transfers"] for s in decode) >= routed["remote"]
     assert all(s["kv_transfer_failures"] == 0 for s in decode)
 
 
@@ -150,11 +198,11 @@ def test_concurrent_streams_complete_with_usage_and_use_both_decoders(cluster, p
     wait_all_free(POOLS)
 
 
-def test_disconnect_mid_stream_frees_blocks_on_both_sides(cluster, prompts):
+def test_disconnect_mid_stream_frees_blocks_on_both_sides(cluster):
     url = f"http://127.0.0.1:{cluster.http_port}/v1/completions"
     body = {
         "model": MODEL,
-        "prompt": prompts[-1],  # remote path
+        "prompt": _prompts(seed=3, lengths=[1000])[0],  # unseen, so the remote path
         "max_tokens": 400,
         "ignore_eos": True,
         "stream": True,
@@ -183,24 +231,29 @@ def test_bad_inputs_get_their_envelope_and_serving_goes_on(client, cluster):
     wait_all_free(POOLS)
 
 
-def test_grpc_through_serve_proxy_equals_offline(cluster, prompts, expected):
+def test_grpc_through_serve_proxy_equals_offline(cluster, offline):
+    prompts = _prompts(seed=4, lengths=[30, 512])  # local, then remote
+    expected = _greedy(offline, prompts)
+    before = _route_decisions()
     metadata = (("application", APP_NAME),)
     with grpc.insecure_channel(f"127.0.0.1:{cluster.grpc_port}") as channel:
         stub = pb_grpc.GenerationStub(channel)
         models = stub.ListModels(pb.ListModelsRequest(), metadata=metadata)
         assert [m.name for m in models.models] == [MODEL]
-        for index in (2, 10):  # 30 tokens (local), 512 tokens (remote)
+        for prompt, want in zip(prompts, expected, strict=True):
             request = pb.GenerateRequest(
                 model=MODEL,
-                token_ids=pb.TokenIds(ids=prompts[index]),
+                token_ids=pb.TokenIds(ids=prompt),
                 sampling_params=pb.SamplingParams(
                     max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True
                 ),
             )
-            response = stub.Complete(request, metadata=metadata)
-            assert list(response.token_ids) == expected[index]
             streamed = [t for r in stub.Generate(request, metadata=metadata) for t in r.token_ids]
-            assert streamed == expected[index]
+            assert streamed == want
+            response = stub.Complete(request, metadata=metadata)
+            assert list(response.token_ids) == want
+    # The long prompt's first call went remote; its repeat found it cached at its decoder.
+    assert (_route_decisions() - before)["remote"] == 1
 
 
 def test_cluster_ends_with_every_block_free():

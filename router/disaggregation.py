@@ -1,0 +1,45 @@
+"""Conditional disaggregation: whether a prompt prefills on a prefill replica or on its decoder.
+
+Remote prefill pays a KV transfer to spare the decode replica a long prefill, so it is worth it
+only for a long enough *uncached* part: the prompt less the prefix the chosen decode replica
+already holds. A prompt also prefills locally when no prefill replica is up, or when every one is
+saturated (its queued prompt tokens at ``prefill_queue_max_tokens``), as in Dynamo's conditional
+disaggregation. The pools' state comes from their KV-aware request routers (``kv_routing.py``);
+under Serve's default router only the prompt's length is known.
+"""
+
+from typing import Literal
+
+from pdserve.cluster.config import RoutingConfig
+from pdserve.cluster.messages import GenerateRequest
+from pdserve.router.pool_views import PoolView
+
+Decision = Literal["local", "remote"]
+# Why a prompt prefilled where it did, for the route-decision counters.
+Reason = Literal[
+    "no_prefill_pool", "short", "cached", "no_prefill_replica", "saturated", "uncached"
+]
+
+
+def decide(
+    request: GenerateRequest,
+    routing: RoutingConfig,
+    has_prefill_pool: bool,
+    decode: PoolView | None,
+    prefill: PoolView | None,
+) -> tuple[Decision, Reason]:
+    """Where ``request`` prefills, and why; a pool without a view counts as up and unloaded."""
+    if not has_prefill_pool:
+        return "local", "no_prefill_pool"
+    num_tokens = len(request.prompt_token_ids)
+    if num_tokens < routing.local_prefill_max_tokens:
+        return "local", "short"
+    cached = decode.cached_prefix_tokens(request) if decode is not None else 0
+    if num_tokens - cached < routing.local_prefill_max_tokens:
+        return "local", "cached"
+    if prefill is not None:
+        if prefill.num_replicas == 0:
+            return "local", "no_prefill_replica"
+        if prefill.saturated(routing.prefill_queue_max_tokens):
+            return "local", "saturated"
+    return "remote", "uncached"

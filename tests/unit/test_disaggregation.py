@@ -1,0 +1,50 @@
+"""Conditional disaggregation (router/disaggregation.py): each reason a prompt prefills locally,
+and the remote path when none holds."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from pdserve.cluster.config import RoutingConfig
+from pdserve.cluster.messages import GenerateRequest
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.router.disaggregation import decide
+
+ROUTING = RoutingConfig(local_prefill_max_tokens=100, prefill_queue_max_tokens=1000)
+
+
+@dataclass
+class Pool:
+    num_replicas: int = 1
+    cached: int = 0  # prompt tokens cached at the replica the request would go to
+    load: int = 0  # every replica's
+
+    def cached_prefix_tokens(self, request: GenerateRequest) -> int:
+        return self.cached
+
+    def saturated(self, max_load_tokens: int) -> bool:
+        return self.num_replicas > 0 and self.load >= max_load_tokens
+
+
+def _request(num_tokens: int) -> GenerateRequest:
+    return GenerateRequest("r", list(range(num_tokens)), SamplingParams(), 0, ())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "decode", "prefill", "has_prefill_pool", "want"),
+    [
+        (500, Pool(), Pool(), False, ("local", "no_prefill_pool")),
+        (99, Pool(), Pool(), True, ("local", "short")),
+        (100, Pool(), Pool(), True, ("remote", "uncached")),
+        # 500 tokens, 416 cached at the decode replica: 84 left to prefill there.
+        (500, Pool(cached=416), Pool(), True, ("local", "cached")),
+        (500, Pool(cached=400), Pool(), True, ("remote", "uncached")),
+        (500, Pool(), Pool(num_replicas=0), True, ("local", "no_prefill_replica")),
+        (500, Pool(), Pool(load=1000), True, ("local", "saturated")),
+        (500, Pool(), Pool(load=999), True, ("remote", "uncached")),
+        # Without the pools' views (Serve's default router) only the length counts.
+        (500, None, None, True, ("remote", "uncached")),
+    ],
+)
+def test_where_a_prompt_prefills(tokens, decode, prefill, has_prefill_pool, want) -> None:
+    assert decide(_request(tokens), ROUTING, has_prefill_pool, decode, prefill) == want
