@@ -57,9 +57,17 @@ def test_every_run_reports_finite_numbers(
         assert len(numbers) == 8 and all(math.isfinite(n) and n > 0 for n in numbers), name
     # The TTFT taken apart: every part a finite p50 and p99; the router's share is positive (the
     # other differences, of two processes' spans, need not be).
-    prefixes = ("TTFT ", "cluster's", "HTTP proxy", "router's", "Serve call", "replica's")
+    prefixes = (
+        "TTFT ",
+        "cluster's",
+        "HTTP proxy",
+        "for scale",
+        "router's",
+        "Serve call",
+        "replica's",
+    )
     parts = [name for name in rows if name.startswith(prefixes)]
-    assert len(parts) == 7, parts
+    assert len(parts) == 8, parts
     for name in parts:
         assert len(rows[name]) == 2 and all(math.isfinite(float(c)) for c in rows[name]), name
     [router] = [rows[name] for name in parts if name.startswith("router's own share")]
