@@ -3,6 +3,8 @@
 import argparse
 import importlib
 
+from pdserve.cluster.serve_env import apply_serve_env
+
 # subcommand -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
 SUBCOMMANDS = {
     "make-model": "pdserve.cluster.make_model",
@@ -13,6 +15,7 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_serve_env()  # before any subcommand imports ray.serve
     parser = argparse.ArgumentParser(prog="pdserve")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module_name in SUBCOMMANDS.items():

@@ -6,7 +6,6 @@ one prefill and one decode replica behind the router. ``--config`` takes a deplo
 """
 
 import argparse
-import os
 import signal
 import threading
 from pathlib import Path
@@ -17,20 +16,11 @@ from pdserve.cluster.config import (
     DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
     ClusterConfig,
 )
+from pdserve.cluster.serve_env import apply_serve_env
 
 APP_NAME = "pdserve"
 DEFAULT_MODEL_DIR = Path("models/tiny")
 GRPC_SERVICER = "pdserve.router.grpc_service.add_GenerationServicer_to_server"
-# Ray Serve's throughput mode (Ray >= 2.56): direct ingress (the router replica serves HTTP and
-# gRPC on ports of its own, 30000+ and 40000+, which Serve's proxy forwards to), gRPC between
-# deployments, user code on the replica's main loop, request-path logs buffered. Through the
-# cluster it took ITL p50 from 3.8x to 1.4x the offline engine's (docs/benchmarks.md; direct
-# ingress is the part that matters). One part stays off: handle routers keep their own loop, as
-# drivers and tests call handles synchronously. Serve reads these when it is imported, so they
-# must be in every Ray process's environment: a Ray cluster we start inherits ours; on a running
-# one, set them where its nodes start (deploy/README.md); our job's runtime env carries them to
-# the actors it creates.
-SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +69,7 @@ def start(config: ClusterConfig, address: str | None = None) -> None:
 
     from pdserve.cluster.app import build_app
 
-    for name, value in SERVE_ENV.items():  # a value the user set wins
-        os.environ.setdefault(name, value)
-    env_vars = {name: os.environ[name] for name in SERVE_ENV}
+    env_vars = apply_serve_env()
     # "local": a new cluster, never one a stray `ray start` left behind.
     ray.init(
         address=address or "local",

@@ -14,8 +14,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pdserve.cluster.serve_env import apply_serve_env
+
 if TYPE_CHECKING:
     from pdserve.engine.llm_engine import LLMEngine
+
+# The tests' clusters run Serve as `pdserve serve` does; this must come before ray.serve's import.
+apply_serve_env()
 
 # Weak references, so the registry never keeps an engine (and its KV cache) alive; each with the
 # test that was running when the engine was built, to name it in a leak report.
