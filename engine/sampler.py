@@ -53,7 +53,19 @@ def make_generator(params: SamplingParams, device: torch.device | str) -> torch.
     """The private RNG of a seeded request; make it once, on the logits' device."""
     if params.seed is None:
         return None
-    return torch.Generator(device=device).manual_seed(params.seed)
+    return torch.Generator(device=device)
+
+
+# A 64-bit odd constant (2^64 / golden ratio) that spreads seeds apart: the tokens of a request
+# and the seed + i of n fanned-out completions never share a stream.
+_SEED_STRIDE = 0x9E3779B97F4A7C15
+
+
+def token_seed(seed: int, index: int) -> int:
+    """The RNG seed of a seeded request's ``index``-th generated token, a function of the two
+    alone: whichever engine samples that token (the prefill replica the first, a decode replica
+    the rest) draws the same numbers."""
+    return (seed * _SEED_STRIDE + index) % 2**64
 
 
 class Sampler:
@@ -131,6 +143,7 @@ class Sampler:
             u[unseeded] = torch.rand(len(unseeded), vocab, generator=gen, device=device)
         for i, r in enumerate(rows):
             if r.generator is not None:
+                r.generator.manual_seed(token_seed(r.params.seed, len(r.output_token_ids)))
                 u[i].uniform_(generator=r.generator)
         # log(u) < 0, so argmax(probs / -log u) = argmin(probs / log u), one pass fewer. u = 0
         # gives -0.0, which never beats a positive probability.

@@ -9,7 +9,7 @@ from pdserve.engine.logits_processors import (
     apply_penalties,
     apply_top_k_top_p,
 )
-from pdserve.engine.sampler import Sampler, SamplingRow, make_generator
+from pdserve.engine.sampler import Sampler, SamplingRow, make_generator, token_seed
 from pdserve.engine.sampling_params import SamplingParams
 
 EOS = 3
@@ -89,12 +89,16 @@ def test_candidate_top_p_equals_full_sort_at_every_tier() -> None:
 
 
 def run_steps(layout: list[SamplingRow], target: int, steps: int = 12) -> list[int]:
-    """Tokens of layout[target] over `steps` steps; other rows get unrelated logits each step."""
+    """Tokens of layout[target] over `steps` steps; other rows get unrelated logits each step.
+    Each row's output grows by its token, as in the engine (a seeded row's draw depends on it)."""
     sampler, tokens = Sampler([EOS], seed=123), []
     for step in range(steps):
         logits = random_logits(len(layout), seed=1000 + step)
         logits[target] = random_logits(1, seed=step)[0] * 0.3  # flat enough to make draws vary
-        tokens.append(sampler(logits, layout).token_ids[target])
+        sampled = sampler(logits, layout).token_ids
+        for r, token in zip(layout, sampled, strict=True):
+            r.output_token_ids.append(token)
+        tokens.append(sampled[target])
     return tokens
 
 
@@ -110,6 +114,21 @@ def test_seeded_rows_reproducible_regardless_of_batch() -> None:
 def test_different_seeds_give_different_sequences() -> None:
     sequences = {tuple(run_steps([row(seed=s)], target=0)) for s in range(5)}
     assert len(sequences) == 5
+
+
+def test_a_seeded_token_depends_on_its_seed_and_index_alone() -> None:
+    # What lets a decode replica continue a stream that a prefill replica began: the draw for
+    # the k-th token needs no generator state carried over, only the seed and k.
+    logits = random_logits(1) * 0.3  # flat: the draw, not the logits, picks the token
+    stream = row(seed=7)
+    for _ in range(8):
+        stream.output_token_ids += Sampler([EOS], seed=1)(logits, [stream]).token_ids
+    tokens = list(stream.output_token_ids)
+    assert len(set(tokens)) > 3
+    for k in range(len(tokens)):  # a new engine's request, k tokens in
+        fresh = row(seed=7, output=tokens[:k])
+        assert Sampler([EOS], seed=2)(logits, [fresh]).token_ids == [tokens[k]], k
+    assert len({token_seed(7, 0), token_seed(7, 1), token_seed(8, 0)}) == 3
 
 
 def test_unseeded_rows_follow_the_sampler_seed() -> None:
