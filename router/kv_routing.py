@@ -8,7 +8,9 @@ router, ``GenerateRequest.block_hashes``) and scores every replica:
     score = kv_overlap_weight * cached prefix tokens - load_weight * load tokens
 
 Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds,
-plus the prompt tokens this router has sent it since its last report. Between reports, blocks this
+plus the prompt tokens this router has sent it lately: a request counts from when it is sent until
+it completes or two report periods pass, by when the replica's own report includes it (so a
+completion Serve never reports cannot leave load behind). Between reports, blocks this
 router sent a replica count as cached there, so a burst of requests sharing a prefix still lands
 where the first one went.
 
@@ -17,6 +19,8 @@ ingress in the same process can ask it about the pool before sending a request.
 """
 
 import collections
+import random
+import time
 from typing import Any
 
 from ray.serve.request_router import (
@@ -33,6 +37,8 @@ from pdserve.router.pool_views import Role
 
 # Blocks a router remembers sending to one replica before its own report catches up.
 MAX_RECENT_BLOCKS = 65536
+# Report periods a request sent to a replica counts in its load, unless it completes first.
+IN_FLIGHT_REPORTS = 2
 
 
 class KVAwareRouter(FIFOMixin, RequestRouter):
@@ -43,14 +49,17 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         block_size: int = 16,
         kv_overlap_weight: float = 1.0,
         load_weight: float = 1.0,
+        stats_period_s: float = 0.5,
     ) -> None:
         self._role = role
+        self._in_flight_s = IN_FLIGHT_REPORTS * stats_period_s
         self._block_size = block_size
         self._kv_weight = kv_overlap_weight
         self._load_weight = load_weight
-        # Per replica: hashes sent there (oldest first) and prompt tokens in flight there.
+        # Per replica: hashes sent there (oldest first), and the prompt tokens of each request
+        # sent there lately, with when (time.monotonic()), by Serve's request id.
         self._recent: dict[ReplicaID, collections.OrderedDict[bytes, None]] = {}
-        self._in_flight: dict[ReplicaID, dict[str, int]] = {}
+        self._in_flight: dict[ReplicaID, dict[str, tuple[int, float]]] = {}
         pool_views.register(pool, role, self)
 
     # -- pool_views.PoolView, read from the ingress's thread --------------------------------------
@@ -80,8 +89,10 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         request = _generate_request(pending_request)
-        if request is None or not candidate_replicas:  # not a generate call: any replica
-            return [candidate_replicas]
+        if request is None or not candidate_replicas:
+            # Not a generate call (stats, health): any replica, at random. Serve takes the least
+            # loaded of a rank, the first on a tie, so in order one replica would take them all.
+            return [random.sample(candidate_replicas, len(candidate_replicas))]
         ranked = sorted(candidate_replicas, key=lambda r: self._score(r, request), reverse=True)
         return [[ranked[0]], ranked[1:]] if len(ranked) > 1 else [ranked]
 
@@ -98,7 +109,14 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         while len(recent) > MAX_RECENT_BLOCKS:
             recent.popitem(last=False)
         in_flight = self._in_flight.setdefault(replica_id, {})
-        in_flight[pending_request.metadata.internal_request_id] = len(request.prompt_token_ids)
+        now = time.monotonic()
+        for request_id, (_, sent_at) in list(in_flight.items()):
+            if now - sent_at > self._in_flight_s:
+                del in_flight[request_id]
+        in_flight[pending_request.metadata.internal_request_id] = (
+            len(request.prompt_token_ids),
+            now,
+        )
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         self._in_flight.get(replica_id, {}).pop(internal_request_id, None)
@@ -121,14 +139,16 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
 
     def _load(self, replica: RunningReplica) -> int:
         """Tokens: a prefill replica's queued prompt tokens, a decode replica's held KV, plus the
-        prompts sent there since its report."""
+        prompts sent there lately."""
         stats = replica.routing_stats or {}
         if self._role == "prefill":
             load = stats.get("num_queued_prefill_tokens", 0)
         else:
             held = stats.get("num_blocks", 0) - stats.get("num_free_blocks", 0)
             load = held * self._block_size
-        return load + sum(tuple(self._in_flight.get(replica.replica_id, {}).values()))
+        since = time.monotonic() - self._in_flight_s
+        in_flight = tuple(self._in_flight.get(replica.replica_id, {}).values())
+        return load + sum(tokens for tokens, sent_at in in_flight if sent_at >= since)
 
 
 def _generate_request(pending_request: PendingRequest | None) -> GenerateRequest | None:

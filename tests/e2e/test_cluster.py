@@ -165,6 +165,31 @@ def test_prompts_prefill_locally_when_short_or_cached_at_the_decoder(client, off
     assert all(s["kv_transfer_failures"] == 0 for s in decode)
 
 
+def test_seeded_sampling_is_the_same_on_the_remote_path(client, offline):
+    # The prefill replica samples the first token, the decode replica the rest: with a seed, the
+    # tokens are the offline engine's, as on the local path.
+    prompt = _prompts(seed=5, lengths=[300])[0]
+    sampled = {"temperature": 1.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    want, other = (
+        offline.generate([prompt], SamplingParams(seed=seed, **sampled))[0].token_ids
+        for seed in (1234, 4321)
+    )
+    assert want != other  # the seed decides the tokens: a wrong stream would show
+    before = _route_decisions()
+    response = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        temperature=1.0,
+        max_tokens=MAX_TOKENS,
+        seed=1234,
+        logprobs=0,
+        extra_body=GREEDY_EXTRA,
+    )
+    routed = _route_decisions() - before
+    assert routed["remote"] == 1, routed
+    assert token_ids(response.choices[0].logprobs.tokens) == want
+
+
 def test_concurrent_streams_complete_with_usage_and_use_both_decoders(cluster, prompts):
     async def one(sdk: openai.AsyncOpenAI, prompt: list[int]) -> tuple[int, int]:
         stream = await sdk.completions.create(
@@ -253,7 +278,8 @@ def test_grpc_through_serve_proxy_equals_offline(cluster, offline):
             response = stub.Complete(request, metadata=metadata)
             assert list(response.token_ids) == want
     # The long prompt's first call went remote; its repeat found it cached at its decoder.
-    assert (_route_decisions() - before)["remote"] == 1
+    routed = _route_decisions() - before
+    assert routed["remote"] == 1, routed
 
 
 def test_cluster_ends_with_every_block_free():
