@@ -33,7 +33,6 @@ def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Applic
                 "block_size": served.engine_config().block_size,
                 "kv_overlap_weight": routing.kv_overlap_weight,
                 "load_weight": routing.load_weight,
-                "stats_period_s": routing.stats_period_s,
             },
             request_routing_stats_period_s=routing.stats_period_s,
         )

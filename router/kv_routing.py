@@ -8,9 +8,10 @@ router, ``GenerateRequest.block_hashes``) and scores every replica:
     score = kv_overlap_weight * cached prefix tokens - load_weight * load tokens
 
 Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds,
-plus the prompt tokens this router has sent it lately: a request counts from when it is sent until
-it completes or two report periods pass, by when the replica's own report includes it (so a
-completion Serve never reports cannot leave load behind). Between reports, blocks this
+plus the prompt tokens of the requests this router has sent it and not yet seen end. The ingress
+says when a request ends (``request_done``): Serve's own completion callback does not fire for
+unary calls over its gRPC transport (Ray 2.60: a prefill replica's calls stayed "in flight" after
+they returned, and its replicas looked busier with each request). Between reports, blocks this
 router sent a replica count as cached there, so a burst of requests sharing a prefix still lands
 where the first one went.
 
@@ -20,7 +21,7 @@ ingress in the same process can ask it about the pool before sending a request.
 
 import collections
 import random
-import time
+import threading
 from typing import Any
 
 from ray.serve.request_router import (
@@ -37,8 +38,6 @@ from pdserve.router.pool_views import Role
 
 # Blocks a router remembers sending to one replica before its own report catches up.
 MAX_RECENT_BLOCKS = 65536
-# Report periods a request sent to a replica counts in its load, unless it completes first.
-IN_FLIGHT_REPORTS = 2
 
 
 class KVAwareRouter(FIFOMixin, RequestRouter):
@@ -49,17 +48,18 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         block_size: int = 16,
         kv_overlap_weight: float = 1.0,
         load_weight: float = 1.0,
-        stats_period_s: float = 0.5,
     ) -> None:
         self._role = role
-        self._in_flight_s = IN_FLIGHT_REPORTS * stats_period_s
         self._block_size = block_size
         self._kv_weight = kv_overlap_weight
         self._load_weight = load_weight
-        # Per replica: hashes sent there (oldest first), and the prompt tokens of each request
-        # sent there lately, with when (time.monotonic()), by Serve's request id.
+        # Per replica, the hashes sent there (oldest first). Requests in flight: where each went
+        # with its prompt tokens, by our request id, and the sum per replica. The lock: the
+        # ingress's thread ends requests while this router's thread routes them.
         self._recent: dict[ReplicaID, collections.OrderedDict[bytes, None]] = {}
-        self._in_flight: dict[ReplicaID, dict[str, tuple[int, float]]] = {}
+        self._in_flight: dict[str, tuple[ReplicaID, int]] = {}
+        self._in_flight_tokens: collections.Counter[ReplicaID] = collections.Counter()
+        self._lock = threading.Lock()
         pool_views.register(pool, role, self)
 
     # -- pool_views.PoolView, read from the ingress's thread --------------------------------------
@@ -80,6 +80,10 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
     def saturated(self, max_load_tokens: int) -> bool:
         replicas = list(self.curr_replicas.values())
         return bool(replicas) and all(self._load(r) >= max_load_tokens for r in replicas)
+
+    def request_done(self, request_id: str) -> None:
+        with self._lock:
+            self._forget(request_id)
 
     # -- RequestRouter ----------------------------------------------------------------------------
 
@@ -108,18 +112,17 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
             recent.move_to_end(block_hash)
         while len(recent) > MAX_RECENT_BLOCKS:
             recent.popitem(last=False)
-        in_flight = self._in_flight.setdefault(replica_id, {})
-        now = time.monotonic()
-        for request_id, (_, sent_at) in list(in_flight.items()):
-            if now - sent_at > self._in_flight_s:
-                del in_flight[request_id]
-        in_flight[pending_request.metadata.internal_request_id] = (
-            len(request.prompt_token_ids),
-            now,
-        )
+        with self._lock:
+            self._forget(request.request_id)  # routed again, e.g. after a rejection
+            tokens = len(request.prompt_token_ids)
+            self._in_flight[request.request_id] = (replica_id, tokens)
+            self._in_flight_tokens[replica_id] += tokens
 
-    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._in_flight.get(replica_id, {}).pop(internal_request_id, None)
+    def _forget(self, request_id: str) -> None:
+        sent = self._in_flight.pop(request_id, None)
+        if sent is not None:
+            replica_id, tokens = sent
+            self._in_flight_tokens[replica_id] -= tokens
 
     def _score(self, replica: RunningReplica, request: GenerateRequest) -> float:
         overlap_tokens = self._overlap(replica, request) * self._block_size
@@ -139,16 +142,14 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
 
     def _load(self, replica: RunningReplica) -> int:
         """Tokens: a prefill replica's queued prompt tokens, a decode replica's held KV, plus the
-        prompts sent there lately."""
+        prompts in flight there."""
         stats = replica.routing_stats or {}
         if self._role == "prefill":
             load = stats.get("num_queued_prefill_tokens", 0)
         else:
             held = stats.get("num_blocks", 0) - stats.get("num_free_blocks", 0)
             load = held * self._block_size
-        since = time.monotonic() - self._in_flight_s
-        in_flight = tuple(self._in_flight.get(replica.replica_id, {}).values())
-        return load + sum(tokens for tokens, sent_at in in_flight if sent_at >= since)
+        return load + self._in_flight_tokens[replica.replica_id]
 
 
 def _generate_request(pending_request: PendingRequest | None) -> GenerateRequest | None:

@@ -27,6 +27,10 @@ class PoolView(Protocol):
         """Whether every replica has at least ``max_load_tokens`` tokens of load."""
         ...
 
+    def request_done(self, request_id: str) -> None:
+        """The call for ``request_id`` to this pool has ended (returned, failed or cancelled)."""
+        ...
+
 
 _views: dict[tuple[str, Role], PoolView] = {}
 

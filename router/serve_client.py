@@ -25,7 +25,7 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.router.disaggregation import decide
 from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
-from pdserve.router.pool_views import pool_view
+from pdserve.router.pool_views import Role, pool_view
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,10 @@ class ServeEngineClient:
         try:
             mark_upstream_call()
             if decision == "remote":
-                prefill = await self._prefill.remote(request)
+                try:
+                    prefill = await self._prefill.remote(request)
+                finally:  # the pools' routers count a request's load until it ends
+                    _done(self.model_name, "prefill", request_id)
                 mark_upstream_output(prefill.first_output)
                 if prefill.kv is None:  # it ended at its first token
                     yield prefill.first_output
@@ -100,6 +103,7 @@ class ServeEngineClient:
                     yield chunk
             finally:
                 stream.cancel()
+                _done(self.model_name, "decode", request_id)
         except RayTaskError as error:  # the replica's own exception, e.g. a RequestError
             raise error.cause from None
 
@@ -108,3 +112,10 @@ class ServeEngineClient:
             await self._health.remote()
         except Exception as error:
             raise EngineStoppedError(f"{self.model_name}: decode pool unhealthy: {error}") from None
+
+
+def _done(model: str, role: Role, request_id: str) -> None:
+    """Tells the pool's router (if it keeps count) that the request's call has ended."""
+    view = pool_view(model, role)
+    if view is not None:
+        view.request_done(request_id)
