@@ -119,13 +119,13 @@ class Scheduler:
         for request in self.running:
             remaining = request.num_tokens - request.num_computed_tokens
             (decodes if remaining == 1 else chunks).append(request)
-        block_size = self.block_size
-        for request in decodes + chunks:
+        block_size, num_decodes = self.block_size, len(decodes)
+        for i, request in enumerate(decodes + chunks):
             if budget == 0:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if request.num_tokens - request.num_computed_tokens == 1:
+            if i < num_decodes:
                 # A decode needs a block only when its last one is full.
                 n = 1
                 need = int(request.num_computed_tokens == len(request.block_ids) * block_size)
