@@ -47,20 +47,25 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
 
 
 def weight_bytes_read(model: LlamaForCausalLM) -> int:
-    """Bytes of the weights one decode step reads: a lookup reads one row of an untied embedding."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.config.tie_word_embeddings:
-        return total
-    embed = model.model.embed_tokens.weight
-    return total - embed.numel() * embed.element_size()
+    """Bytes of the weights one decode step reads: every linear (the head included, tied or not)
+    and norm; the embedding lookup reads one row. Counted from shapes, as packed linears hold
+    their weight outside the parameters."""
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    norms = [p for name, p in model.named_parameters() if name.endswith("norm.weight")]
+    itemsize = model.model.embed_tokens.weight.element_size()
+    return itemsize * (
+        sum(m.in_features * m.out_features for m in linears) + sum(p.numel() for p in norms)
+    )
 
 
 @torch.inference_mode()
 def matmul_seconds(model: LlamaForCausalLM, steps: int) -> tuple[float, float]:
     """Median time of one row through every linear layer: (nn.Linear's [out, in] weight, ours)."""
     layers = [m for m in model.modules() if isinstance(m, Linear)]
-    rows = [torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in layers]
-    weights = [m.weight.contiguous() for m in layers]  # nn.Linear's layout
+    dtype = model.model.embed_tokens.weight.dtype
+    rows = [torch.randn(1, m.in_features, dtype=dtype) for m in layers]
+    # nn.Linear's layout, random values: a packed layer no longer holds its plain weight.
+    weights = [torch.randn(m.out_features, m.in_features, dtype=dtype) for m in layers]
 
     def timed(forward: Callable[[Linear, torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
         times = []
@@ -137,9 +142,10 @@ def run(args: argparse.Namespace) -> int:
         f"{args.threads} threads, prompt {PROMPT_LEN} tokens, median of {args.steps} steps"
     )
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step")
+    packed = model.lm_head.packed_weight is not None
     for name, seconds in (
         ("nn.Linear, [out, in] (MKL gemv)", mkl_gemv),
-        ("ours, [in, out] (column blocks)", ours_gemv),
+        ("ours, " + ("packed (oneDNN)" if packed else "[in, out] (column blocks)"), ours_gemv),
     ):
         print(
             f"matmuls alone, 1 row, {name}: {seconds * 1e3:.1f} ms = "

@@ -21,10 +21,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and cast back before the weight, exactly as transformers does.
-        x32 = x if x.dtype == torch.float32 else x.float()
+        # Normalise in fp32 and cast back before the weight, exactly as transformers does. In fp32
+        # torch's fused rms_norm rounds the same (bitwise equal on the presets' shapes) in one op
+        # instead of six: 36 against 59 us for one row on the dev VM.
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))
+        return self.weight * x32.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -125,6 +129,14 @@ class LlamaForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def pack_linear_weights(self) -> None:
+        """Hands every linear's weight to oneDNN (see ``Linear.pack``); a tied head packs a copy,
+        vocab x hidden more memory, as the embedding lookup still needs the plain table."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                tied = module is self.lm_head and self.config.tie_word_embeddings
+                module.pack(keep_weight=tied)
 
     @torch.inference_mode()
     def forward(

@@ -2,6 +2,8 @@
 
 For 8 prompts of lengths 1..300 run as one batch: the last prompt position's logits match
 transformers to 1e-4 and 32 greedy tokens equal ``generate(do_sample=False)`` token for token.
+On more than one thread the engine's linears run packed in oneDNN; one test runs the engine on one
+thread, MKL's plain products, to keep that path equal too.
 """
 
 import shutil
@@ -145,9 +147,28 @@ def test_greedy_tokens_equal_transformers(
         {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
     )
     llm = LLM(model=model_dir, **args)
+    assert (llm.engine.runner.model.lm_head.packed_weight is not None) == (
+        torch.get_num_threads() > 1
+    )
     prompts = _prompts(llm.engine.model_config.vocab_size)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
     for prompt, output, expected in zip(prompts, outputs, hf_greedy, strict=True):
         assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
     pool = llm.engine.block_pool
     assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_greedy_tokens_equal_transformers_on_one_thread(
+    model_dir: Path, hf_greedy: list[list[int]]
+) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        llm = LLM(model=model_dir)
+        assert llm.engine.runner.model.lm_head.packed_weight is None
+        prompts = _prompts(llm.engine.model_config.vocab_size)
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
+    finally:
+        torch.set_num_threads(threads)
+    for prompt, output, expected in zip(prompts, outputs, hf_greedy, strict=True):
+        assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
