@@ -150,10 +150,7 @@ def test_greedy_tokens_equal_transformers(
     assert (llm.engine.runner.model.lm_head.packed_weight is not None) == (
         torch.get_num_threads() > 1
     )
-    prompts = _prompts(llm.engine.model_config.vocab_size)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
-    for prompt, output, expected in zip(prompts, outputs, hf_greedy, strict=True):
-        assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
+    _assert_greedy_equal(llm, hf_greedy)
     pool = llm.engine.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
@@ -166,9 +163,13 @@ def test_greedy_tokens_equal_transformers_on_one_thread(
     try:
         llm = LLM(model=model_dir)
         assert llm.engine.runner.model.lm_head.packed_weight is None
-        prompts = _prompts(llm.engine.model_config.vocab_size)
-        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
+        _assert_greedy_equal(llm, hf_greedy)
     finally:
         torch.set_num_threads(threads)
+
+
+def _assert_greedy_equal(llm: LLM, hf_greedy: list[list[int]]) -> None:
+    prompts = _prompts(llm.engine.model_config.vocab_size)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS))
     for prompt, output, expected in zip(prompts, outputs, hf_greedy, strict=True):
         assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
