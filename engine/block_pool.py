@@ -95,6 +95,17 @@ class BlockPool:
         block.hash = block_hash
         self._cached[block_hash] = block
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached hash, so later prompts compute from scratch (a benchmark's cold
+        start). Refused, returning False, while any block is in use, as vLLM's is: a running
+        request's blocks stay registered."""
+        if len(self._free) != self.num_blocks:
+            return False
+        for block in self._cached.values():
+            block.hash = None
+        self._cached.clear()
+        return True
+
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_tokens
         self.prefix_cache_hits += num_hit_tokens

@@ -20,6 +20,10 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Empties the prefix cache, as vLLM's ``LLM.reset_prefix_cache``; False while busy."""
+        return self.engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

@@ -130,6 +130,10 @@ class LLMEngine:
     def free_kv(self, block_ids: list[int]) -> None:
         self.block_pool.free(block_ids)
 
+    def reset_prefix_cache(self) -> bool:
+        """Empties the prefix cache; False (nothing done) while requests hold blocks."""
+        return self.block_pool.reset_prefix_cache()
+
     def abort_request(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is not None and not request.status.finished:

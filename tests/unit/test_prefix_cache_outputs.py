@@ -177,3 +177,25 @@ def test_cache_salt_separates_tenants(
     assert cached_tokens("a", "tenant-a") == 0
     assert cached_tokens("b", "tenant-b") == 0
     assert cached_tokens("c", "tenant-a") == _full_block_hit(len(prompt))
+
+
+def test_reset_prefix_cache_is_refused_while_busy_and_then_forgets(
+    tiny_model_dir: Path,
+    random_tokens: Callable[[int], list[int]],
+    assert_no_leaks: Callable[[LLMEngine], None],
+) -> None:
+    prompt = random_tokens(100)
+    llm = LLM(model=tiny_model_dir, block_size=BLOCK_SIZE, num_kv_blocks=AMPLE_BLOCKS)
+    first = llm.generate([prompt], _params())[0]
+    engine = llm.engine
+    engine.add_request("busy", random_tokens(20), _params())
+    engine.step()
+    assert not llm.reset_prefix_cache()  # a running request holds blocks
+    engine.abort_request("busy")
+    assert engine.block_pool.cached_hashes()
+    assert llm.reset_prefix_cache()
+    assert not engine.block_pool.cached_hashes()
+    again = llm.generate([prompt], _params())[0]
+    assert again.num_cached_tokens == 0
+    assert again.token_ids == first.token_ids
+    assert_no_leaks(engine)
