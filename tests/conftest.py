@@ -34,6 +34,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model("tiny", tmp_path_factory.mktemp("models") / "tiny")
 
 
+@pytest.fixture
+def torch_threads() -> Iterator[Callable[[int], None]]:
+    """``torch.set_num_threads`` for one test, restored after it (engines choose their matmul
+    path by the thread count they are built under)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
 def check_no_leaks(engine: "LLMEngine", where: str = "engine") -> None:
     """Raises AssertionError if an idle engine holds KV blocks; busy engines are not checked."""
     if engine.has_unfinished_requests():

@@ -1,5 +1,6 @@
 """Linear: oneDNN's packed product equals MKL's plain one; the loader packs where it helps."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,14 +12,6 @@ from pdserve.engine.loader import load_model
 
 # Products of 256 terms in another summation order: a few ulps of outputs of magnitude ~16.
 PACKED_ATOL = 1e-4
-
-
-@pytest.fixture
-def threads():
-    """Sets torch's thread count for one test and restores it."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -49,14 +42,16 @@ def test_pack_keeps_a_tied_weight() -> None:
     assert linear.weight is weight
 
 
-def test_loader_packs_on_more_than_one_thread_only(tiny_model_dir: Path, threads) -> None:
+def test_loader_packs_on_more_than_one_thread_only(
+    tiny_model_dir: Path, torch_threads: Callable[[int], None]
+) -> None:
     config = ModelConfig.from_pretrained(tiny_model_dir)
     cpu = torch.device("cpu")
-    threads(1)
+    torch_threads(1)
     assert not onednn_packing_helps(torch.float32, cpu)
     plain = load_model(tiny_model_dir, config, torch.float32, cpu)
     assert all(m.packed_weight is None for m in plain.modules() if isinstance(m, Linear))
-    threads(2)
+    torch_threads(2)
     assert onednn_packing_helps(torch.float32, cpu)
     assert not onednn_packing_helps(torch.bfloat16, cpu)
     packed = load_model(tiny_model_dir, config, torch.float32, cpu)

@@ -7,6 +7,7 @@ thread, MKL's plain products, to keep that path equal too.
 """
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -156,16 +157,12 @@ def test_greedy_tokens_equal_transformers(
 
 
 def test_greedy_tokens_equal_transformers_on_one_thread(
-    model_dir: Path, hf_greedy: list[list[int]]
+    model_dir: Path, hf_greedy: list[list[int]], torch_threads: Callable[[int], None]
 ) -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        llm = LLM(model=model_dir)
-        assert llm.engine.runner.model.lm_head.packed_weight is None
-        _assert_greedy_equal(llm, hf_greedy)
-    finally:
-        torch.set_num_threads(threads)
+    torch_threads(1)
+    llm = LLM(model=model_dir)
+    assert llm.engine.runner.model.lm_head.packed_weight is None
+    _assert_greedy_equal(llm, hf_greedy)
 
 
 def _assert_greedy_equal(llm: LLM, hf_greedy: list[list[int]]) -> None:
