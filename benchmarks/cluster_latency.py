@@ -38,9 +38,9 @@ from pdserve.benchmarks.stream_timing import (
     warm_up,
 )
 from pdserve.benchmarks.workload import FULL, SEED, WorkItem, make_workload
-from pdserve.cluster.config import DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ClusterConfig
 from pdserve.engine.async_engine import AsyncLLMEngine
 from pdserve.engine.config import ModelConfig
+from pdserve.serving.config import DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ClusterConfig
 
 MAX_OUTPUT_LEN = 64  # caps the workload's heavy tail, so a run takes minutes on 2 busy cores
 REQUEST_RATE = 4.0  # requests/s, Poisson: below the offline engine's capacity on 2 busy cores

@@ -20,15 +20,10 @@ from ray.actor import ActorHandle
 from pdserve.benchmarks.kv_transfer import TRANSFERS, Mode, Timed
 from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.kv_cache import allocate_kv_cache
-from pdserve.kvtransfer import (
-    KVExport,
-    PeerInfo,
-    PushReceipt,
-    PushTarget,
-    Transfer,
-    make_connector,
-)
+from pdserve.kvtransfer.factory import make_connector
+from pdserve.kvtransfer.handles import KVExport, PeerInfo, PushReceipt, PushTarget
 from pdserve.kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.transfer import Transfer
 
 BACKENDS = ("nixl", "object_store")  # one connector each, over the same cache
 POLL_INTERVAL = 0.0005  # seconds between a transfer's polls, as Transfer.wait's

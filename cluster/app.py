@@ -12,11 +12,11 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from pdserve.cluster.config import ClusterConfig, PoolConfig, ServedModel
 from pdserve.decode_worker.worker import DecodeWorker
 from pdserve.prefill_worker.worker import PrefillWorker
 from pdserve.router.ingress import Router
 from pdserve.router.kv_routing import KVAwareRouter
+from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel
 
 ROUTER_NUM_CPUS = 0.0
 

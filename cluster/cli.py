@@ -1,28 +1,53 @@
-"""The ``pdserve`` command line: one subcommand per verb, each in its own module."""
+"""The ``pdserve`` command line: one subcommand per verb, each in its own module.
+
+A subcommand's module (and with it torch, Ray or a benchmark's packages) is imported only when
+that subcommand runs, so ``pdserve --help`` answers at once and ``pdserve serve`` needs none of
+the packages another verb uses.
+"""
 
 import argparse
 import importlib
+import sys
+from types import ModuleType
 
 from pdserve.cluster.serve_env import apply_serve_env
 
-# subcommand -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
+# subcommand -> (module exposing ``add_arguments(parser)`` and ``run(args) -> int``, one-line help)
 SUBCOMMANDS = {
-    "make-model": "pdserve.cluster.make_model",
-    "generate": "pdserve.cluster.generate",
-    "bench": "pdserve.cluster.bench",
-    "serve": "pdserve.cluster.serve",
+    "make-model": ("pdserve.cluster.make_model", "write a built-in model in Hugging Face format"),
+    "generate": ("pdserve.cluster.generate", "generate offline with the engine (no cluster)"),
+    "bench": ("pdserve.benchmarks.cli", "run a benchmark against a baseline from the same run"),
+    "serve": ("pdserve.cluster.serve", "serve models on Ray until Ctrl-C"),
 }
+
+
+def dispatch(
+    prog: str, commands: dict[str, tuple[str, str]], argv: list[str]
+) -> tuple[ModuleType, argparse.Namespace]:
+    """Parses ``argv`` as ``prog COMMAND ...``, importing only COMMAND's module; returns it with
+    the parsed arguments. A module with a ``SUBCOMMANDS`` table of its own is a group (``pdserve
+    bench NAME``). Without a known command, prints the usage (exits 0 on --help, else 2)."""
+    if not argv or argv[0] not in commands:
+        parser = argparse.ArgumentParser(prog=prog)
+        sub = parser.add_subparsers(dest="command", required=True)
+        for name, (_, help_line) in commands.items():
+            sub.add_parser(name, help=help_line)
+        parser.parse_args(argv)  # exits with the usage or the error
+        raise SystemExit(2)
+    name, *rest = argv
+    module_name, help_line = commands[name]
+    module = importlib.import_module(module_name)
+    if hasattr(module, "SUBCOMMANDS"):
+        return dispatch(f"{prog} {name}", module.SUBCOMMANDS, rest)
+    parser = argparse.ArgumentParser(prog=f"{prog} {name}", description=help_line)
+    module.add_arguments(parser)
+    return module, parser.parse_args(rest)
 
 
 def main(argv: list[str] | None = None) -> int:
     apply_serve_env()  # before any subcommand imports ray.serve
-    parser = argparse.ArgumentParser(prog="pdserve")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, module_name in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub.add_parser(name, help=module.__doc__.splitlines()[0]))
-    args = parser.parse_args(argv)
-    return importlib.import_module(SUBCOMMANDS[args.command]).run(args)
+    module, args = dispatch("pdserve", SUBCOMMANDS, sys.argv[1:] if argv is None else argv)
+    return module.run(args)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ import signal
 import threading
 from pathlib import Path
 
-from pdserve.cluster.config import (
+from pdserve.cluster.serve_env import apply_serve_env
+from pdserve.serving.config import (
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
     DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
     ClusterConfig,
 )
-from pdserve.cluster.serve_env import apply_serve_env
 
 APP_NAME = "pdserve"
 DEFAULT_MODEL_DIR = Path("models/tiny")

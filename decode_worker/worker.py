@@ -3,10 +3,10 @@
 
 from collections.abc import AsyncIterator
 
-from pdserve.cluster.engine_setup import EngineReplica
-from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
 from pdserve.engine.outputs import RequestOutput
 from pdserve.kvtransfer.engine_hooks import PeerPull
+from pdserve.serving.messages import GenerateRequest, RemotePrefilled
+from pdserve.serving.replica import EngineReplica
 
 
 class DecodeWorker(EngineReplica):

@@ -3,13 +3,14 @@
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+if TYPE_CHECKING:  # the router reads these configs and imports no torch
+    import torch
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 SUPPORTED_ROPE_SCALING = ("default", "linear", "llama3")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
 DEFAULT_KV_CACHE_MEMORY_BYTES = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 256
@@ -183,8 +184,10 @@ class EngineConfig:
             )
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> "torch.dtype":
+        import torch
+
+        return getattr(torch, self.dtype)
 
     def effective_max_model_len(self, model: ModelConfig) -> int:
         """The context the engine serves: ``max_model_len`` capped by what the model supports."""

@@ -1,27 +1,4 @@
-"""Moving KV blocks between workers: NIXL (UCX) with leases, or Ray's object store as a fallback."""
+"""Moving KV blocks between workers: NIXL (UCX) with leases, or Ray's object store as a fallback.
 
-from pdserve.kvtransfer.connector import KVConnector
-from pdserve.kvtransfer.factory import make_connector
-from pdserve.kvtransfer.handles import (
-    IncompatiblePeerError,
-    KVExport,
-    KVTransferError,
-    PeerInfo,
-    PushReceipt,
-    PushTarget,
-)
-from pdserve.kvtransfer.layout import KVLayout
-from pdserve.kvtransfer.transfer import Transfer
-
-__all__ = [
-    "IncompatiblePeerError",
-    "KVConnector",
-    "KVExport",
-    "KVLayout",
-    "KVTransferError",
-    "PeerInfo",
-    "PushReceipt",
-    "PushTarget",
-    "Transfer",
-    "make_connector",
-]
+Import from the modules: the router reads ``handles`` and must not pull in the connectors (torch).
+"""

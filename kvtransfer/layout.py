@@ -1,10 +1,12 @@
 """What two caches must share for one's blocks to be copied byte for byte into the other."""
 
 from dataclasses import asdict, dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from pdserve.engine.config import EngineConfig, ModelConfig
+
+if TYPE_CHECKING:  # handles.py carries layouts to the router, which imports no torch
+    import torch
 
 # The engine's block-major layout: [blocks, layers, K/V, block_size, kv_heads, head_dim].
 BLOCK_MAJOR = "block-major:layers,kv,tokens,heads,dim"
@@ -26,7 +28,7 @@ class KVLayout:
     def of(cls, model_name: str, model: ModelConfig, engine: EngineConfig) -> "KVLayout":
         return cls(
             model=model_name,
-            dtype=str(engine.torch_dtype).removeprefix("torch."),
+            dtype=engine.dtype,
             num_layers=model.num_hidden_layers,
             num_kv_heads=model.num_key_value_heads,
             head_dim=model.head_dim,
@@ -38,7 +40,7 @@ class KVLayout:
         ours, theirs = asdict(self), asdict(other)
         return [f"{k}: {ours[k]!r} != {theirs[k]!r}" for k in ours if ours[k] != theirs[k]]
 
-    def check_cache(self, kv_cache: torch.Tensor) -> None:
+    def check_cache(self, kv_cache: "torch.Tensor") -> None:
         """Raises ValueError unless the tensor is a contiguous cache of this layout."""
         expected = (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
         if tuple(kv_cache.shape[1:]) != expected or str(kv_cache.dtype) != f"torch.{self.dtype}":

@@ -7,9 +7,9 @@ under a lease (kvtransfer) instead of freed. The decode replica pulls them and e
 
 import dataclasses
 
-from pdserve.cluster.engine_setup import EngineReplica
-from pdserve.cluster.messages import GenerateRequest, PrefillResult
 from pdserve.engine.outputs import RequestOutput
+from pdserve.serving.messages import GenerateRequest, PrefillResult
+from pdserve.serving.replica import EngineReplica
 
 
 class PrefillWorker(EngineReplica):

@@ -10,9 +10,9 @@ under Serve's default router only the prompt's length is known.
 
 from typing import Literal
 
-from pdserve.cluster.config import RoutingConfig
-from pdserve.cluster.messages import GenerateRequest
 from pdserve.router.pool_views import PoolView
+from pdserve.serving.config import RoutingConfig
+from pdserve.serving.messages import GenerateRequest
 
 Decision = Literal["local", "remote"]
 # Why a prompt prefilled where it did, for the route-decision counters.

@@ -2,7 +2,8 @@
 
 The interface carries plain data only (token ids, ``SamplingParams``, ``RequestOutput``), so a
 client that reaches the engine through a Ray Serve handle implements it the same way as the
-in-process ``LocalEngineClient``. This module imports no torch: the router process stays light.
+in-process one the tests use (``tests/e2e/local_client.py``). This module imports no torch: the
+router process stays light.
 """
 
 from collections.abc import AsyncIterator, Mapping

@@ -9,11 +9,11 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from pdserve.cluster.config import ServedModel
 from pdserve.router.grpc_service import GenerationServicer
 from pdserve.router.http_app import build_http_app
 from pdserve.router.serve_client import ServeEngineClient
 from pdserve.router.timing import TimingLog
+from pdserve.serving.config import ServedModel
 
 
 @serve.ingress()

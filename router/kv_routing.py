@@ -32,9 +32,9 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
 from pdserve.router import pool_views
 from pdserve.router.pool_views import Role
+from pdserve.serving.messages import GenerateRequest, RemotePrefilled
 
 # Blocks a router remembers sending to one replica before its own report catches up.
 MAX_RECENT_BLOCKS = 65536

@@ -8,7 +8,7 @@ kept there would be a copy per router, not the one the ingress reads.
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
-    from pdserve.cluster.messages import GenerateRequest
+    from pdserve.serving.messages import GenerateRequest
 
 Role = Literal["prefill", "decode"]
 

@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator
 from ray.exceptions import RayTaskError
 from ray.serve.handle import DeploymentHandle
 
-from pdserve.cluster.config import ServedModel
-from pdserve.cluster.messages import GenerateRequest, RemotePrefilled
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.errors import EngineStoppedError
 from pdserve.engine.outputs import RequestOutput
@@ -27,6 +25,8 @@ from pdserve.router.disaggregation import decide
 from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
 from pdserve.router.pool_views import Role, pool_view
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
+from pdserve.serving.config import ServedModel
+from pdserve.serving.messages import GenerateRequest, RemotePrefilled
 
 logger = logging.getLogger(__name__)
 

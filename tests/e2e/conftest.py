@@ -22,8 +22,8 @@ from pdserve.engine.llm_engine import LLMEngine
 from pdserve.router.engine_client import EngineClient
 from pdserve.router.grpc_service import GenerationServicer, start_grpc_server
 from pdserve.router.http_app import build_http_app
-from pdserve.router.local_client import LocalEngineClient
 from pdserve.router.timing import TimingLog
+from pdserve.tests.e2e.local_client import LocalEngineClient
 
 MODEL = "tiny"
 OVERLOADED_MODEL = "tiny-overloaded"

@@ -21,11 +21,11 @@ import ray
 import torch
 from ray import serve
 
-from pdserve.cluster.config import DEFAULT_ROUTING_STATS_PERIOD_S, ClusterConfig
 from pdserve.cluster.serve import APP_NAME, start, stop
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.serving.config import DEFAULT_ROUTING_STATS_PERIOD_S, ClusterConfig
 from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, token_ids, wait_all_free
 from pdserve.tests.hf_reference import hf_greedy
 

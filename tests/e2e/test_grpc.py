@@ -12,7 +12,7 @@ from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.grpc_service import pb, pb_grpc
-from pdserve.router.local_client import LocalEngineClient
+from pdserve.tests.e2e.local_client import LocalEngineClient
 
 MODEL = "tiny"
 OVERLOADED_MODEL = "tiny-overloaded"

@@ -12,8 +12,8 @@ import torch
 from ray import serve
 
 from pdserve.cluster.app import build_app
-from pdserve.cluster.config import ClusterConfig
 from pdserve.cluster.serve import APP_NAME, start, stop
+from pdserve.serving.config import ClusterConfig
 from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, wait_all_free
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.router.local_client import LocalEngineClient
+from pdserve.tests.e2e.local_client import LocalEngineClient
 
 MODEL = "tiny"
 LONG = 1500  # tokens: far longer than a test waits, so only an abort can end it in time

@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from pdserve.cluster.config import DEFAULT_HTTP_PORT
+from pdserve.serving.config import DEFAULT_HTTP_PORT
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,8 @@ import torch
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.kvtransfer import (
-    KVExport,
-    KVTransferError,
-    PeerInfo,
-    PushReceipt,
-    PushTarget,
-    make_connector,
-)
+from pdserve.kvtransfer.factory import make_connector
+from pdserve.kvtransfer.handles import KVExport, KVTransferError, PeerInfo, PushReceipt, PushTarget
 from pdserve.kvtransfer.layout import KVLayout
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)

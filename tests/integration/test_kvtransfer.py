@@ -12,8 +12,8 @@ import ray
 import torch
 
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.kvtransfer import IncompatiblePeerError, KVTransferError
 from pdserve.kvtransfer.connector import LEASE_MARGIN_SECONDS
+from pdserve.kvtransfer.handles import IncompatiblePeerError, KVTransferError
 from pdserve.kvtransfer.nixl_shim import nixl_available
 from pdserve.tests.integration.kv_peer import KVPeer
 

@@ -16,11 +16,11 @@ from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from pdserve.cluster.config import ClusterConfig
 from pdserve.cluster.serve import APP_NAME, start, stop
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kvtransfer.nixl_shim import nixl_available
+from pdserve.serving.config import ClusterConfig
 from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, token_ids, wait_all_free
 
 pytestmark = [

@@ -1,6 +1,5 @@
 """The engine-throughput benchmark's pieces, in quick mode on the tiny model."""
 
-import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import transformers
 from pdserve.benchmarks import engine_throughput as bench
 from pdserve.benchmarks import workload as wl
 from pdserve.benchmarks.scheduler_step import scheduler_step_seconds
-from pdserve.cluster import bench as bench_cli
+from pdserve.cluster import cli
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
 
@@ -89,8 +88,6 @@ def test_scheduler_step_time_with_256_running() -> None:
 
 
 def test_registered_as_pdserve_bench_engine() -> None:
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    args = parser.parse_args(["engine", "--quick"])
+    module, args = cli.dispatch("pdserve", cli.SUBCOMMANDS, ["bench", "engine", "--quick"])
+    assert module is bench
     assert args.quick and args.hf_batch_size == bench.HF_BATCH_SIZE
-    assert bench_cli.BENCHMARKS["engine"] == bench.__name__

@@ -5,7 +5,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from pdserve.cluster.config import ClusterConfig
+from pdserve.serving.config import ClusterConfig
 
 
 def _model(**overrides) -> dict:

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from pdserve.cluster.config import RoutingConfig
-from pdserve.cluster.messages import GenerateRequest
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.disaggregation import decide
+from pdserve.serving.config import RoutingConfig
+from pdserve.serving.messages import GenerateRequest
 
 ROUTING = RoutingConfig(local_prefill_max_tokens=100, prefill_queue_max_tokens=1000)
 

@@ -1,4 +1,5 @@
-"""An ``EngineClient`` over an ``AsyncLLMEngine`` in this process (tests, one-process serving)."""
+"""An ``EngineClient`` over an ``AsyncLLMEngine`` in this process: the router's API layers tested
+without Ray."""
 
 from collections.abc import AsyncIterator
 

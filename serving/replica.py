@@ -4,11 +4,13 @@ import dataclasses
 
 from ray import serve
 
-from pdserve.cluster.config import ServedModel
 from pdserve.engine.async_engine import AsyncLLMEngine
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.kvtransfer import KVConnector, KVLayout, make_connector
+from pdserve.kvtransfer.connector import KVConnector
 from pdserve.kvtransfer.engine_hooks import ConnectorHooks
+from pdserve.kvtransfer.factory import make_connector
+from pdserve.kvtransfer.layout import KVLayout
+from pdserve.serving.config import ServedModel
 
 
 def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:

@@ -1,0 +1,24 @@
+"""``pdserve bench NAME [options]``: each benchmark prints a baseline from the same run.
+
+A table only: ``cluster/cli.py`` imports the named benchmark's module when it runs.
+"""
+
+# benchmark -> (module exposing ``add_arguments(parser)`` and ``run(args) -> int``, one-line help)
+SUBCOMMANDS = {
+    "decode-step": (
+        "pdserve.benchmarks.decode_step",
+        "decode step time of our engine vs transformers, beside the memory-bandwidth bound",
+    ),
+    "engine": (
+        "pdserve.benchmarks.engine_throughput",
+        "offline throughput on a heterogeneous workload: our engine vs transformers",
+    ),
+    "kv-transfer": (
+        "pdserve.benchmarks.kv_transfer",
+        "KV transfer between two Ray actors: NIXL pull and push, the object store, a copy",
+    ),
+    "cluster-latency": (
+        "pdserve.benchmarks.cluster_latency",
+        "TTFT and ITL through the cluster (aggregated, disaggregated) vs offline",
+    ),
+}

@@ -1,0 +1,1 @@
+"""What the router and the worker pools share: the config schema, wire messages, replica base."""
