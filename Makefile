@@ -7,7 +7,7 @@ MODEL_DIR ?= models/tiny
 # torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test lint serve demo model clean
+.PHONY: setup test test-fast test-deps lint serve demo model clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,20 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# The metrics tests run a real Prometheus (Debian package `prometheus`): installed here when it is
+# missing and we are root on Debian; elsewhere those tests skip, naming the package.
+test-deps:
+	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends prometheus >/dev/null; } || \
+		echo "prometheus is not installed: the tests that need it will skip"
+
+test: lint test-deps
 	$(PY) -m pytest -q tests
+
+# Unit tests without the slow ones: no Ray, for constant use.
+test-fast: setup
+	$(PY) -m pytest -q tests/unit -m "not slow"
 
 model: setup
 	$(VENV)/bin/pdserve make-model --preset tiny --out $(MODEL_DIR)

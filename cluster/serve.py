@@ -10,17 +10,23 @@ import signal
 import threading
 from pathlib import Path
 
+from pdserve.cluster.prometheus import DEFAULT_PORT as DEFAULT_PROMETHEUS_PORT
+from pdserve.cluster.prometheus import PrometheusServer, prometheus_binary
 from pdserve.cluster.serve_env import apply_serve_env
 from pdserve.serving.config import (
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
     DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
+    DEFAULT_LOG_STATS_INTERVAL_S,
     ClusterConfig,
 )
 
 APP_NAME = "pdserve"
 DEFAULT_MODEL_DIR = Path("models/tiny")
 GRPC_SERVICER = "pdserve.router.grpc_service.add_GenerationServicer_to_server"
+# How often each process of a new local cluster sends its metrics to its node's agent (Ray's
+# default, 10 s, would leave Prometheus and the planner that far behind).
+METRICS_REPORT_INTERVAL_MS = 2000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     parser.add_argument("--address", help="join a running Ray cluster (e.g. auto); default: local")
+    parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also start a Prometheus server on loopback that scrapes the cluster's metrics",
+    )
+    parser.add_argument("--prometheus-port", type=int, default=DEFAULT_PROMETHEUS_PORT)
+    parser.add_argument(
+        "--disable-log-stats", action="store_true", help="no periodic stats line per replica"
+    )
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
@@ -51,6 +66,7 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
     engine = {} if args.num_kv_blocks is None else {"num_kv_blocks": args.num_kv_blocks}
     model = {
         "name": args.name or model_dir.name,
+        "log_stats_interval_s": 0.0 if args.disable_log_stats else DEFAULT_LOG_STATS_INTERVAL_S,
         "path": str(model_dir.resolve()),
         "engine": engine,
         "prefill": {"replicas": args.prefill_replicas},
@@ -61,8 +77,12 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig(models=[model], http_port=args.http_port, grpc_port=args.grpc_port)
 
 
-def start(config: ClusterConfig, address: str | None = None) -> None:
-    """Starts (or joins) Ray, then Serve's HTTP and gRPC proxies, and deploys the app."""
+def start(config: ClusterConfig, address: str | None = None, dashboard: bool = False) -> None:
+    """Starts (or joins) Ray, then Serve's HTTP and gRPC proxies, and deploys the app.
+
+    A new local cluster exports metrics every ``METRICS_REPORT_INTERVAL_MS``; ``dashboard`` starts
+    Ray's dashboard on loopback, which writes the service-discovery file Prometheus reads.
+    """
     import ray
     from ray import serve
     from ray.serve.config import gRPCOptions
@@ -71,10 +91,13 @@ def start(config: ClusterConfig, address: str | None = None) -> None:
 
     env_vars = apply_serve_env()
     # "local": a new cluster, never one a stray `ray start` left behind.
+    local = {"_system_config": {"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS}}
     ray.init(
         address=address or "local",
-        include_dashboard=False,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
         runtime_env={"env_vars": env_vars},
+        **({} if address else local),
     )
     serve.start(
         http_options={"host": config.http_host, "port": config.http_port},
@@ -96,15 +119,25 @@ def run(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    start(config, args.address)
+    if args.prometheus:
+        prometheus_binary()  # before the cluster starts: a missing package fails at once
+    start(config, args.address, dashboard=args.prometheus)
+    prometheus = None
     try:
+        if args.prometheus:
+            prometheus = PrometheusServer(args.prometheus_port)
         names = ", ".join(m.name for m in config.models)
         print(f"pdserve: serving {names}", flush=True)
         print(f"  HTTP (OpenAI): http://localhost:{config.http_port}/v1", flush=True)
         print(f"  gRPC:          localhost:{config.grpc_port}", flush=True)
+        print(f"  metrics:       http://localhost:{config.http_port}/metrics", flush=True)
+        if prometheus is not None:
+            print(f"  Prometheus:    {prometheus.url}", flush=True)
         print("  Ctrl-C stops the cluster", flush=True)
         stopping.wait()
     finally:
         print("pdserve: shutting down", flush=True)
+        if prometheus is not None:
+            prometheus.stop()
         stop()
     return 0

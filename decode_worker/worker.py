@@ -10,6 +10,8 @@ from pdserve.serving.replica import EngineReplica
 
 
 class DecodeWorker(EngineReplica):
+    pool = "decode"
+
     async def generate(
         self, work: GenerateRequest | RemotePrefilled
     ) -> AsyncIterator[RequestOutput]:

@@ -25,7 +25,7 @@ from pdserve.engine.remote_kv import KVHooks, RemoteKV
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.request_stream import RequestStream
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.engine.stats import EngineStats
+from pdserve.engine.stats import EngineStats, IterationStats
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,14 @@ class AsyncLLMEngine:
         self,
         config: EngineConfig,
         kv_hooks: Callable[[LLMEngine], KVHooks] | None = None,
+        collect_stats: bool = False,
     ) -> None:
-        """``kv_hooks`` builds the KV transfer layer over the engine (its cache, its pool)."""
-        self.engine = LLMEngine(config)
+        """``kv_hooks`` builds the KV transfer layer over the engine (its cache, its pool).
+        ``collect_stats``: keep the engine's ``IterationStats`` for ``take_iteration_stats``,
+        which the caller must then call now and then (a server's metrics do)."""
+        self.engine = LLMEngine(config, collect_stats)
+        self._collect_stats = collect_stats
+        self._iteration_stats = IterationStats()  # taken from the engine thread, under _lock
         self._kv_hooks = None if kv_hooks is None else kv_hooks(self.engine)
         self._transfers: dict[str, _Transfer] = {}  # engine thread only
         self.num_transfer_failures = 0  # remote prefills recomputed here instead
@@ -120,6 +125,12 @@ class AsyncLLMEngine:
         finally:
             if not finished:
                 self._submit_abort(_Abort(request_id, stream))
+
+    def take_iteration_stats(self) -> IterationStats:
+        """What the engine did since the last call (``collect_stats`` only)."""
+        with self._lock:
+            taken, self._iteration_stats = self._iteration_stats, IterationStats()
+        return taken
 
     @property
     def is_running(self) -> bool:
@@ -332,6 +343,10 @@ class AsyncLLMEngine:
     def _publish_state(self) -> None:
         # Whole-object assignments: readers on other threads see the old or the new snapshot.
         self.stats = self.engine.stats()
+        if self._collect_stats:
+            taken = self.engine.take_iteration_stats()
+            with self._lock:
+                self._iteration_stats.add(taken)
         now = time.monotonic()
         if now - self._hashes_taken_at >= CACHED_HASHES_PERIOD_S:
             self.cached_hashes = self.engine.block_pool.cached_hashes()

@@ -18,7 +18,7 @@ from pdserve.engine.runner import ModelRunner
 from pdserve.engine.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import Scheduler
-from pdserve.engine.stats import EngineStats
+from pdserve.engine.stats import EngineStats, IterationStats
 from pdserve.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,9 @@ class RemoteKVSlots:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, collect_stats: bool = False) -> None:
+        """``collect_stats``: keep ``IterationStats`` for metrics; whoever sets it must call
+        ``take_iteration_stats`` now and then (a server does; the offline ``LLM`` does not)."""
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
         self.max_model_len = config.effective_max_model_len(self.model_config)
@@ -50,6 +52,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, eos_ids, self.max_model_len)
         self._requests: dict[str, Request] = {}
         self._held_kv: dict[str, list[int]] = {}  # finished hold_kv requests' blocks
+        self._iteration_stats = IterationStats() if collect_stats else None
         logger.info(
             "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d",
             config.model,
@@ -111,7 +114,8 @@ class LLMEngine:
         computed for it, if asked for) is emitted and decoding goes on."""
         request = self._requests[request_id]
         self.scheduler.activate_remote(request)
-        delta = self._append_token(request, first_token, None, time.monotonic())
+        # The peer sampled this token and counted it, with the prompt.
+        delta = self._append_token(request, first_token, None, time.monotonic(), counted=False)
         if first_logprobs is not None:
             delta.outputs[0].logprobs = [first_logprobs]
         return delta
@@ -140,6 +144,8 @@ class LLMEngine:
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
             request.finished_time = time.monotonic()
             self.output_processor.remove(request_id)
+            if self._iteration_stats is not None:
+                self._iteration_stats.finished.append(request.finished_stats())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -162,12 +168,21 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
         )
 
+    def take_iteration_stats(self) -> IterationStats:
+        """What the engine did since the last call; starts a new count (``collect_stats`` only)."""
+        if self._iteration_stats is None:
+            raise RuntimeError("this engine was built without collect_stats")
+        taken, self._iteration_stats = self._iteration_stats, IterationStats()
+        return taken
+
     def step(self) -> list[RequestOutput]:
         """Runs one model step; returns a delta for every request that produced a token."""
         batch = self.scheduler.schedule()
         if not batch:
             return []
         sampling, logits = self.runner.execute(batch)
+        if self._iteration_stats is not None:
+            self._iteration_stats.iteration_tokens.append(sum(e.num_new_tokens for e in batch))
         for entry in batch:
             entry.request.num_computed_tokens += entry.num_new_tokens
             self.scheduler.cache_computed_blocks(entry.request, entry.num_new_tokens)
@@ -188,8 +203,18 @@ class LLMEngine:
         ]
 
     def _append_token(
-        self, request: Request, token_id: int, logprobs: TokenLogprobs | None, now: float
+        self,
+        request: Request,
+        token_id: int,
+        logprobs: TokenLogprobs | None,
+        now: float,
+        counted: bool = True,
     ) -> RequestOutput:
+        stats = self._iteration_stats
+        if counted and stats is not None:
+            stats.num_generation_tokens += 1
+            if not request.output_token_ids:  # the prompt is computed once its first token is
+                stats.num_prompt_tokens += request.num_prompt_tokens
         request.token_times.append(now)
         delta, status = self.output_processor.append_token(request, token_id, logprobs)
         if status is not None:
@@ -200,6 +225,8 @@ class LLMEngine:
             self.scheduler.finish(request, status)
             request.finished_time = now
             delta.metrics = request.metrics()
+            if stats is not None:
+                stats.finished.append(request.finished_stats())
             del self._requests[request.request_id]
         return delta
 

@@ -9,6 +9,7 @@ import torch
 from pdserve.engine.outputs import RequestMetrics
 from pdserve.engine.prefix_hash import BlockHash
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.stats import FinishedRequestStats
 
 
 class RequestStatus(enum.Enum):
@@ -46,8 +47,10 @@ class Request:
     )  # of the full blocks of known tokens
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     hold_kv: bool = False  # prefill role: on finish its blocks are held for a peer, not freed
-    # time.monotonic() seconds: arrival, each generated token (the first is TTFT), finish
+    # time.monotonic() seconds: arrival, first scheduled, each generated token (the first is
+    # TTFT), finish
     arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
     # A seeded request's own generator, so its samples do not depend on who shares the batch.
@@ -56,6 +59,21 @@ class Request:
     @property
     def first_token_time(self) -> float | None:
         return self.token_times[0] if self.token_times else None
+
+    def finished_stats(self) -> FinishedRequestStats:
+        """This finished request's figures for the metrics (``engine/stats.py``)."""
+        end = self.finished_time if self.finished_time is not None else time.monotonic()
+        scheduled = self.scheduled_time if self.scheduled_time is not None else end
+        first = self.first_token_time if self.first_token_time is not None else end
+        return FinishedRequestStats(
+            finish_reason=self.status.value,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=len(self.output_token_ids),
+            queue_time=scheduled - self.arrival_time,
+            prefill_time=max(0.0, first - scheduled),
+            decode_time=end - first,
+            e2e_time=end - self.arrival_time,
+        )
 
     def metrics(self) -> RequestMetrics:
         return RequestMetrics(

@@ -14,6 +14,7 @@ running decode when the transfer has landed.
 
 import heapq
 import itertools
+import time
 from typing import NamedTuple
 
 from pdserve.engine.block_pool import BlockPool
@@ -91,6 +92,7 @@ class Scheduler:
         request.num_computed_tokens = request.num_prompt_tokens
         self.cache_computed_blocks(request, request.num_prompt_tokens - request.num_cached_tokens)
         request.status = RequestStatus.RUNNING
+        request.scheduled_time = time.monotonic()
         self.running.append(request)
 
     def requeue_remote(self, request: Request) -> None:
@@ -216,6 +218,8 @@ class Scheduler:
         request.block_ids = hits + self.block_pool.allocate(need)
         if request.first_token_time is None:
             request.num_cached_tokens = num_hit_tokens
+        if request.scheduled_time is None:
+            request.scheduled_time = time.monotonic()
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         return True

@@ -127,7 +127,7 @@ class KVConnector(ABC):
         self._check_lengths(len(export.block_ids) - skip, len(block_ids))
         time_left = export.expires_at - time.time() - LEASE_MARGIN_SECONDS
         if time_left <= 0:
-            self.stats.num_failures += 1
+            self.stats.fail("lease_expired")
             raise KVTransferError(f"the lease on {export.owner}'s blocks has run out")
         if not block_ids:  # every block is cached here: nothing to read
             self.release(export)

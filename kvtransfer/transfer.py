@@ -47,13 +47,14 @@ class Transfer:
                 self._end(None)
                 return True
         except KVTransferError as error:
-            self._end(error)
+            self._end(error, "error")
         except Exception as error:  # a backend's own exception type
-            self._end(KVTransferError(f"{self.what}: {type(error).__name__}: {error}"))
+            self._end(KVTransferError(f"{self.what}: {type(error).__name__}: {error}"), "error")
         else:
             if time.monotonic() >= self.deadline:
                 timeout = self.deadline - self.started
-                self._end(KVTransferError(f"{self.what}: timed out after {timeout:.1f} s"))
+                error = KVTransferError(f"{self.what}: timed out after {timeout:.1f} s")
+                self._end(error, "timeout")
         if self.error is not None:
             raise self.error
         return False
@@ -63,7 +64,7 @@ class Transfer:
         while not self.poll():
             time.sleep(interval)
 
-    def _end(self, error: KVTransferError | None) -> None:
+    def _end(self, error: KVTransferError | None, reason: str = "") -> None:
         self.error = error
         self.done = error is None
         if error is None:
@@ -72,6 +73,6 @@ class Transfer:
             self._stats.num_descriptors += self._num_blocks
             self._stats.transfer_seconds += time.monotonic() - self.started
         else:
-            self._stats.num_failures += 1
+            self._stats.fail(reason)
         if self._on_end is not None:
             self._on_end(error is None)

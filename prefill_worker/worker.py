@@ -13,6 +13,8 @@ from pdserve.serving.replica import EngineReplica
 
 
 class PrefillWorker(EngineReplica):
+    pool = "prefill"
+
     def __init__(self, served: dict) -> None:
         super().__init__(served)
         self.peer_info = self.connector.peer_info()

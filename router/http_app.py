@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
@@ -23,6 +24,8 @@ from pdserve.router.chat import complete_chat, stream_chat
 from pdserve.router.completions import complete, stream_completion
 from pdserve.router.engine_client import EngineClient, check_all, pick_client
 from pdserve.router.errors import INVALID_REQUEST, APIError, ErrorKind, to_api_error
+from pdserve.router.metrics import ResponseCounter, RouterMetrics
+from pdserve.router.metrics_endpoint import cluster_metrics
 from pdserve.router.openai_requests import ChatCompletionRequest, CompletionRequest
 from pdserve.router.openai_responses import ModelCard, ModelList
 from pdserve.router.sse import EventStreamResponse, event_stream
@@ -34,10 +37,14 @@ T = TypeVar("T")
 
 
 def build_http_app(
-    clients: Mapping[str, EngineClient], timing_log: TimingLog | None = None
+    clients: Mapping[str, EngineClient],
+    timing_log: TimingLog | None = None,
+    metrics: RouterMetrics | None = None,
 ) -> FastAPI:
     """``clients`` maps each served model name to its engine; the first is the default model.
-    With ``timing_log``, every request that reaches an engine logs its timings there."""
+    With ``timing_log``, every request that reaches an engine logs its timings there. With
+    ``metrics`` (in a Ray cluster), responses are counted and ``GET /metrics`` serves the
+    cluster's metrics."""
     app = FastAPI(title="pdserve", summary="OpenAI-compatible LLM serving")
     if timing_log is not None:
         app.add_middleware(RequestTimingMiddleware, log=timing_log)
@@ -76,6 +83,14 @@ def build_http_app(
             return EventStreamResponse(event_stream(await stream_chat(body, client, request_id)))
         return await _cancel_on_disconnect(raw, complete_chat(body, client, request_id))
 
+    if metrics is not None:
+
+        @app.get("/metrics", response_class=PlainTextResponse)
+        async def prometheus_metrics() -> Response:
+            return Response(await cluster_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+        paths = frozenset(route.path for route in app.routes)
+        app.add_middleware(ResponseCounter, metrics=metrics, paths=paths)
     return app
 
 

@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 
 from pdserve.router.grpc_service import GenerationServicer
 from pdserve.router.http_app import build_http_app
+from pdserve.router.metrics import RouterMetrics
 from pdserve.router.serve_client import ServeEngineClient
 from pdserve.router.timing import TimingLog
 from pdserve.serving.config import ServedModel
@@ -25,17 +26,19 @@ class Router(GenerationServicer):
         decode: dict[str, DeploymentHandle],
     ) -> None:
         """``prefill`` lacks the models served without a prefill pool (aggregated)."""
+        self._metrics = RouterMetrics()
         clients = {}
         for model in models:
             served = ServedModel.model_validate(model)
+            self._metrics.publish_targets(served)
             clients[served.name] = ServeEngineClient(
-                served, prefill.get(served.name), decode[served.name]
+                served, prefill.get(served.name), decode[served.name], self._metrics
             )
         super().__init__(clients)
         self._timing_log = TimingLog()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_http_app(self.clients, self._timing_log)
+        return build_http_app(self.clients, self._timing_log, self._metrics)
 
     def route_decisions(self) -> dict[str, dict[str, int]]:
         """Per model, how many requests took each path ("local" or "remote" prefill)."""

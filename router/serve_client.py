@@ -21,8 +21,9 @@ from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.router.disaggregation import decide
+from pdserve.router.disaggregation import Decision, decide
 from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
+from pdserve.router.metrics import RouterMetrics
 from pdserve.router.pool_views import Role, pool_view
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 from pdserve.serving.config import ServedModel
@@ -37,8 +38,10 @@ class ServeEngineClient:
         served: ServedModel,
         prefill: DeploymentHandle | None,
         decode: DeploymentHandle,
+        metrics: RouterMetrics,
     ) -> None:
         self.served = served
+        self._metrics = metrics
         self.model_name = served.name
         engine_config = served.engine_config()
         self.max_model_len = engine_config.effective_max_model_len(
@@ -53,13 +56,14 @@ class ServeEngineClient:
         # "local" and "remote", and per reason (e.g. "local:cached"): where prompts prefilled.
         self.route_decisions: collections.Counter[str] = collections.Counter()
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
+        """Streams the request's deltas from the workers, decided, routed and timed."""
         block_hashes: list[bytes] = []
         extend_block_hashes(block_hashes, prompt_token_ids, self._block_size)
         request = GenerateRequest(
@@ -75,6 +79,14 @@ class ServeEngineClient:
         self.route_decisions[decision] += 1
         if decision == "local":
             self.route_decisions[f"local:{reason}"] += 1
+        self._metrics.count_decision(self.model_name, decision, reason)
+        chunks = self._run(request, decision)
+        return self._metrics.observe(self.model_name, decision, chunks)
+
+    async def _run(
+        self, request: GenerateRequest, decision: Decision
+    ) -> AsyncIterator[RequestOutput]:
+        request_id, params = request.request_id, request.params
         work: GenerateRequest | RemotePrefilled = request
         first: RequestOutput | None = None  # streamed already; the decode side repeats it
         try:

@@ -22,6 +22,7 @@ DEFAULT_ROUTING_STATS_PERIOD_S = 0.5
 DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 16384
 DEFAULT_MAX_ONGOING_REQUESTS = 256  # the engine's default max_num_seqs
 DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
+DEFAULT_LOG_STATS_INTERVAL_S = 10.0  # vLLM's
 
 
 class _Strict(BaseModel):
@@ -77,6 +78,8 @@ class ServedModel(_Strict):
     routing: RoutingConfig = RoutingConfig()
     kv_transfer: KVTransferConfig = KVTransferConfig()
     sla: SLAConfig = SLAConfig()
+    # Each replica logs a stats line this often while it has work (vLLM's); 0 turns it off.
+    log_stats_interval_s: float = Field(DEFAULT_LOG_STATS_INTERVAL_S, ge=0)
 
     @field_validator("decode")
     @classmethod

@@ -1,6 +1,8 @@
 """A worker replica's engine and KV connector, built and reported the same way in both pools."""
 
 import dataclasses
+import threading
+import time
 
 from ray import serve
 
@@ -11,6 +13,8 @@ from pdserve.kvtransfer.engine_hooks import ConnectorHooks
 from pdserve.kvtransfer.factory import make_connector
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.serving.config import ServedModel
+from pdserve.serving.stats_log import StatsLog
+from pdserve.serving.worker_metrics import METRICS_PERIOD_S, WorkerMetrics
 
 
 def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
@@ -32,7 +36,7 @@ def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
         connectors.append(connector)
         return ConnectorHooks(connector)
 
-    engine = AsyncLLMEngine(config, kv_hooks=hooks)
+    engine = AsyncLLMEngine(config, kv_hooks=hooks, collect_stats=True)
     return engine, connectors[0]
 
 
@@ -53,11 +57,26 @@ def routing_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
 
 
 class EngineReplica:
-    """What both pools' replicas share: the engine, its connector, stats and health."""
+    """What both pools' replicas share: the engine, its connector, metrics, stats and health."""
+
+    pool: str  # "prefill" or "decode", the metrics' label
 
     def __init__(self, served: dict) -> None:
         self.served = ServedModel.model_validate(served)
         self.engine, self.connector = start_engine(self.served)
+        replica = serve.get_replica_context().replica_id.unique_id
+        self._metrics = WorkerMetrics(
+            self.served.name,
+            self.pool,
+            replica,
+            self.engine.engine.max_model_len,
+            self.connector.backend,
+        )
+        self._stats_log = None
+        if self.served.log_stats_interval_s > 0:
+            name = f"{self.pool}-{self.served.name} {replica}"
+            self._stats_log = StatsLog(name, self.served.log_stats_interval_s, time.monotonic())
+        threading.Thread(target=self._report, name="pdserve-metrics", daemon=True).start()
 
     def stats(self) -> dict:
         """This replica's engine and transfer state."""
@@ -69,3 +88,15 @@ class EngineReplica:
 
     async def check_health(self) -> None:
         self.engine.check_health()
+
+    def _report(self) -> None:
+        # Off the engine thread and the replica's loop: Ray's metric calls take microseconds each.
+        while self.engine.is_running:
+            time.sleep(METRICS_PERIOD_S)
+            stats, work = self.engine.stats, self.engine.take_iteration_stats()
+            self._metrics.record(
+                stats, work, self.connector.stats, self.engine.num_transfer_failures
+            )
+            if self._stats_log is not None:
+                self._stats_log.add(work)
+                self._stats_log.maybe_log(stats, time.monotonic())

@@ -1,0 +1,86 @@
+"""A Prometheus server on loopback for ``pdserve serve --prometheus``: the real ``prometheus``
+binary (Debian package ``prometheus``) with ``deploy/prometheus/prometheus.yml``, which scrapes
+every Ray node's metrics agent through the service-discovery file Ray's dashboard writes.
+
+Its data lives in a temporary directory, gone when it stops: a cluster that outlives one
+``pdserve serve`` wants a Prometheus of its own (deploy/README.md).
+"""
+
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheus.yml"
+DEFAULT_PORT = 9090
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+POLL_S = 0.2
+
+
+class PrometheusNotInstalled(RuntimeError):
+    pass
+
+
+def prometheus_binary() -> str:
+    """The ``prometheus`` on PATH; raises ``PrometheusNotInstalled`` naming the package."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise PrometheusNotInstalled(
+            "the prometheus binary is not on PATH: install the Debian package `prometheus` "
+            "(apt-get install prometheus) or Prometheus' own release"
+        )
+    return binary
+
+
+class PrometheusServer:
+    """A running ``prometheus``; ``stop`` ends it and removes its data."""
+
+    def __init__(self, port: int = DEFAULT_PORT, config: Path = CONFIG) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self._data = tempfile.mkdtemp(prefix="pdserve-prometheus-")
+        self._log = open(Path(self._data) / "prometheus.log", "wb")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [
+                prometheus_binary(),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self._data}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                log = (Path(self._data) / "prometheus.log").read_text(errors="replace")
+                raise RuntimeError(f"prometheus exited ({self._process.returncode}):\n{log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1.0):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(POLL_S)
+        raise TimeoutError(f"prometheus was not ready at {self.url} after {START_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
+        shutil.rmtree(self._data, ignore_errors=True)

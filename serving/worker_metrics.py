@@ -1,0 +1,159 @@
+"""A worker replica's metrics: the engine's state, its work and its KV transfers, sent to Ray.
+
+A thread of the replica calls ``record`` every ``METRICS_PERIOD_S``, so the engine thread only
+counts (``engine/stats.py``) and never waits on Ray. Cumulative counts (prefix cache,
+preemptions, transfers) are turned into counter increments here.
+"""
+
+from dataclasses import dataclass
+
+from pdserve.engine.stats import EngineStats, IterationStats
+from pdserve.kvtransfer.stats import TransferStats
+from pdserve.serving.metrics import (
+    ITERATION_TOKENS_BUCKETS,
+    KV_TRANSFER_SECONDS_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    WORKER_TAGS,
+    counter,
+    gauge,
+    histogram,
+    one_two_five_buckets,
+)
+
+METRICS_PERIOD_S = 1.0
+
+
+@dataclass
+class _Cumulative:
+    """The cumulative counts as last recorded, to increment counters by what is new."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    kv_bytes: int = 0
+    kv_seconds: float = 0.0
+    kv_transfers: int = 0
+    kv_leases_expired: int = 0
+    kv_recomputes: int = 0
+
+
+class WorkerMetrics:
+    def __init__(
+        self, model_name: str, pool: str, replica: str, max_model_len: int, backend: str
+    ) -> None:
+        self._tags = {"model_name": model_name, "pool": pool, "replica": replica}
+        self._backend = backend
+        self._last = _Cumulative()
+        self._last_failures: dict[str, int] = {}
+        t = WORKER_TAGS
+        tokens = one_two_five_buckets(max_model_len)
+        self.running = gauge("num_requests_running", "Requests in model execution batches.", t)
+        self.waiting = gauge("num_requests_waiting", "Requests waiting to be processed.", t)
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.", t)
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up.", t)
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found cached.", t)
+        self.preemptions = counter("num_preemptions", "Cumulative preemptions.", t)
+        self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.", t)
+        self.generation_tokens = counter("generation_tokens", "Generation tokens processed.", t)
+        self.success = counter(
+            "request_success", "Requests finished, by reason.", (*t, "finished_reason")
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total", "Tokens per engine step.", ITERATION_TOKENS_BUCKETS, t
+        )
+        self.prompt_len = histogram("request_prompt_tokens", "Prompt tokens.", tokens, t)
+        self.output_len = histogram("request_generation_tokens", "Generated tokens.", tokens, t)
+        latency = REQUEST_LATENCY_BUCKETS
+        self.queue_time = histogram(
+            "request_queue_time_seconds", "Time in WAITING phase for request.", latency, t
+        )
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds", "Time in PREFILL phase for request.", latency, t
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds", "Time in DECODE phase for request.", latency, t
+        )
+        self.engine_e2e = histogram(
+            "request_inference_time_seconds",
+            "Time from arrival to finish in the engine.",
+            latency,
+            t,
+        )
+        kv = (*t, "backend")
+        self.kv_bytes = counter("kv_transfer_bytes", "KV bytes moved between replicas.", kv)
+        self.kv_transfers = counter("kv_transfers", "KV transfers completed.", kv)
+        self.kv_seconds = histogram(
+            "kv_transfer_seconds", "Seconds per KV transfer.", KV_TRANSFER_SECONDS_BUCKETS, kv
+        )
+        self.kv_failures = counter(
+            "kv_transfer_failures", "KV transfers that failed, by reason.", (*kv, "reason")
+        )
+        self.kv_leases_expired = counter(
+            "kv_lease_expiries", "Exported KV blocks whose lease ran out unread.", kv
+        )
+        self.kv_recomputes = counter(
+            "kv_transfer_recomputes", "Remote prefills recomputed here after a failed pull.", kv
+        )
+
+    def record(
+        self,
+        stats: EngineStats,
+        work: IterationStats,
+        transfer: TransferStats,
+        num_recomputes: int,
+    ) -> None:
+        tags = self._tags
+        self.running.set(stats.num_running, tags)
+        self.waiting.set(stats.num_waiting, tags)
+        self.kv_usage.set(stats.kv_cache_usage, tags)
+        last = self._last
+        _inc(self.prefix_queries, stats.prefix_cache_queries - last.prefix_cache_queries, tags)
+        _inc(self.prefix_hits, stats.prefix_cache_hits - last.prefix_cache_hits, tags)
+        _inc(self.preemptions, stats.num_preemptions - last.num_preemptions, tags)
+        _inc(self.prompt_tokens, work.num_prompt_tokens, tags)
+        _inc(self.generation_tokens, work.num_generation_tokens, tags)
+        for n in work.iteration_tokens:
+            self.iteration_tokens.observe(n, tags)
+        for done in work.finished:
+            self.success.inc(1, {**tags, "finished_reason": done.finish_reason})
+            self.prompt_len.observe(done.num_prompt_tokens, tags)
+            self.output_len.observe(done.num_generation_tokens, tags)
+            self.queue_time.observe(done.queue_time, tags)
+            self.prefill_time.observe(done.prefill_time, tags)
+            self.decode_time.observe(done.decode_time, tags)
+            self.engine_e2e.observe(done.e2e_time, tags)
+        self._record_transfers(transfer, num_recomputes)
+        self._last = _Cumulative(
+            stats.prefix_cache_queries,
+            stats.prefix_cache_hits,
+            stats.num_preemptions,
+            transfer.bytes_moved,
+            transfer.transfer_seconds,
+            transfer.num_transfers,
+            transfer.num_leases_expired,
+            num_recomputes,
+        )
+
+    def _record_transfers(self, transfer: TransferStats, num_recomputes: int) -> None:
+        tags, last = {**self._tags, "backend": self._backend}, self._last
+        num_new = transfer.num_transfers - last.kv_transfers
+        _inc(self.kv_transfers, num_new, tags)
+        _inc(self.kv_bytes, transfer.bytes_moved - last.kv_bytes, tags)
+        if num_new:  # the mean of the new ones: the connector keeps sums, not each transfer
+            mean = (transfer.transfer_seconds - last.kv_seconds) / num_new
+            for _ in range(num_new):
+                self.kv_seconds.observe(mean, tags)
+        _inc(self.kv_leases_expired, transfer.num_leases_expired - last.kv_leases_expired, tags)
+        _inc(self.kv_recomputes, num_recomputes - last.kv_recomputes, tags)
+        for reason, count in transfer.failures.items():
+            _inc(
+                self.kv_failures,
+                count - self._last_failures.get(reason, 0),
+                {**tags, "reason": reason},
+            )
+        self._last_failures = dict(transfer.failures)
+
+
+def _inc(metric, amount: float, tags: dict[str, str]) -> None:
+    if amount > 0:  # Ray refuses non-positive increments
+        metric.inc(amount, tags)

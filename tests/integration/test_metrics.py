@@ -1,0 +1,236 @@
+"""Metrics through Ray's pipeline to a real Prometheus server, and ``GET /metrics``.
+
+Two models on one cluster: ``tiny`` disaggregated (1 prefill + 1 decode replica), ``tiny-agg``
+aggregated with a small KV cache, so a burst preempts. A known workload goes through HTTP; then
+Prometheus' query API must return exactly its token totals and request count per model, the KV
+usage must fall back to 0, and the preemptions and prefix-cache hits the workload forced must
+show. Every PromQL expression of the rules and the dashboard must run and name only metrics the
+cluster exports.
+"""
+
+import asyncio
+import json
+import re
+import shutil
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdserve.cluster.prometheus import PrometheusServer
+from pdserve.cluster.serve import start, stop
+from pdserve.router.metrics import RouterMetrics
+from pdserve.serving import metrics
+from pdserve.serving.config import ClusterConfig
+from pdserve.serving.worker_metrics import WorkerMetrics
+from pdserve.tests.e2e.serve_replicas import free_port, wait_all_free
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("prometheus") is None,
+        reason="needs the prometheus binary: Debian package `prometheus` (make test installs it)",
+    ),
+]
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DISAGG, AGG = "tiny", "tiny-agg"
+LOCAL_MAX = 32
+AGG_KV_BLOCKS = 24  # 384 tokens: four 160-token requests at once do not fit
+# (prompt length, max_tokens): long prompts go to the prefill pool, short ones stay local.
+DISAGG_WORK = [(200, 12), (90, 5), (40, 20), (8, 6), (300, 3), (12, 9)]
+AGG_WORK = [(100, 60)] * 4 + [(50, 4), (30, 11)]
+REPEAT = (120, 4)  # sent twice to the aggregated model, after the burst: a prefix-cache hit
+WAIT_S = 90.0
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 4096, (length,), generator=generator).tolist()
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    config = ClusterConfig(
+        models=[
+            {
+                "name": DISAGG,
+                "path": str(tiny_model_dir),
+                "engine": {"num_kv_blocks": 256},
+                "routing": {"local_prefill_max_tokens": LOCAL_MAX},
+            },
+            {
+                "name": AGG,
+                "path": str(tiny_model_dir),
+                "engine": {"num_kv_blocks": AGG_KV_BLOCKS},
+                "prefill": {"replicas": 0},
+            },
+        ],
+        http_port=free_port(),
+        grpc_port=free_port(),
+    )
+    start(config, dashboard=True)
+    prometheus = PrometheusServer(free_port())
+    yield config, prometheus
+    prometheus.stop()
+    stop()
+
+
+async def _complete(client: openai.AsyncOpenAI, model: str, prompt: list[int], n: int) -> dict:
+    response = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=n, extra_body={"ignore_eos": True}
+    )
+    return response.usage.model_dump()
+
+
+async def _workload(base_url: str) -> dict[str, dict[str, int]]:
+    totals = {m: {"prompt": 0, "completion": 0, "requests": 0} for m in (DISAGG, AGG)}
+
+    def count(model: str, usage: dict) -> None:
+        totals[model]["prompt"] += usage["prompt_tokens"]
+        totals[model]["completion"] += usage["completion_tokens"]
+        totals[model]["requests"] += 1
+
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        work = [(DISAGG, _prompt(i, n), m) for i, (n, m) in enumerate(DISAGG_WORK)]
+        work += [(AGG, _prompt(100 + i, n), m) for i, (n, m) in enumerate(AGG_WORK)]
+        usages = await asyncio.gather(*(_complete(client, *w) for w in work))
+        for (model, _, _), usage in zip(work, usages, strict=True):
+            count(model, usage)
+        repeat = _prompt(200, REPEAT[0])
+        for _ in range(2):
+            count(AGG, await _complete(client, AGG, repeat, REPEAT[1]))
+    return totals
+
+
+@pytest.fixture(scope="module")
+def totals(cluster) -> dict[str, dict[str, int]]:
+    config, _ = cluster
+    result = asyncio.run(_workload(f"http://127.0.0.1:{config.http_port}/v1"))
+    wait_all_free({f"prefill-{DISAGG}": 1, f"decode-{DISAGG}": 1, f"decode-{AGG}": 1})
+    return result
+
+
+def _query(prometheus: PrometheusServer, promql: str) -> list[dict]:
+    url = f"{prometheus.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def _by_model(prometheus: PrometheusServer, promql: str) -> dict[str, float]:
+    return {r["metric"]["model_name"]: float(r["value"][1]) for r in _query(prometheus, promql)}
+
+
+def _wait_for(prometheus: PrometheusServer, promql: str, want: dict[str, float]) -> None:
+    deadline, got = time.monotonic() + WAIT_S, None
+    while time.monotonic() < deadline:
+        got = _by_model(prometheus, promql)
+        if got == want:
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"{promql}: {got} != {want}")
+
+
+def test_prometheus_has_the_workload_totals(cluster, totals):
+    _, prometheus = cluster
+    want = {m: float(t["prompt"]) for m, t in totals.items()}
+    assert want[DISAGG] == sum(n for n, _ in DISAGG_WORK)  # usage counts the prompt as sent
+    _wait_for(prometheus, "sum by (model_name) (ray_pdserve_prompt_tokens_total)", want)
+    want = {m: float(t["completion"]) for m, t in totals.items()}
+    _wait_for(prometheus, "sum by (model_name) (ray_pdserve_generation_tokens_total)", want)
+    want = {m: float(t["requests"]) for m, t in totals.items()}
+    ttft_count = "sum by (model_name) (ray_pdserve_time_to_first_token_seconds_count)"
+    _wait_for(prometheus, ttft_count, want)
+    _wait_for(
+        prometheus, "max by (model_name) (ray_pdserve_kv_cache_usage_perc)", {DISAGG: 0, AGG: 0}
+    )
+
+
+def test_forced_preemptions_and_prefix_hits_show(cluster, totals):
+    _, prometheus = cluster
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        preempted = _by_model(prometheus, "sum by (model_name) (ray_pdserve_num_preemptions_total)")
+        hits = _by_model(prometheus, "sum by (model_name) (ray_pdserve_prefix_cache_hits_total)")
+        if preempted.get(AGG, 0) > 0 and hits.get(AGG, 0) >= REPEAT[0] // 16 * 16 - 16:
+            break
+        assert time.monotonic() < deadline, (preempted, hits)
+        time.sleep(1.0)
+    remote = _by_model(
+        prometheus, 'sum by (model_name) (ray_pdserve_route_decisions_total{decision="remote"})'
+    )
+    assert remote[DISAGG] == sum(n >= LOCAL_MAX for n, _ in DISAGG_WORK)
+
+
+def test_metrics_page_parses_and_matches_the_usage(cluster, totals):
+    config, _ = cluster
+    url = f"http://127.0.0.1:{config.http_port}/metrics"
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            page = response.read().decode()
+        sums: dict[tuple[str, str], float] = {}
+        for family in text_string_to_metric_families(page):
+            assert family.name.startswith("ray_pdserve_"), family.name
+            for sample in family.samples:
+                if sample.name in (
+                    "ray_pdserve_prompt_tokens_total",
+                    "ray_pdserve_generation_tokens_total",
+                ):
+                    key = (sample.name, sample.labels["model_name"])
+                    sums[key] = sums.get(key, 0.0) + sample.value
+        want = {}
+        for model, t in totals.items():
+            want["ray_pdserve_prompt_tokens_total", model] = float(t["prompt"])
+            want["ray_pdserve_generation_tokens_total", model] = float(t["completion"])
+        if sums == want:
+            return
+        assert time.monotonic() < deadline, (sums, want)
+        time.sleep(1.0)
+
+
+def _expressions() -> list[str]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((DEPLOY / "grafana" / "pdserve.json").read_text())
+    for panel in dashboard["panels"]:
+        exprs += [target["expr"] for target in panel.get("targets", [])]
+    return exprs
+
+
+def _names(expr: str) -> set[str]:
+    # Metric names: ray_* series, our recording rules (pdserve:...), and Prometheus' own `up`.
+    return set(re.findall(r"\b(ray_[a-z_]+|pdserve:[a-z0-9_:]+|up)\b(?!\s*\()", expr))
+
+
+def _ours() -> set[str]:
+    """The names of every metric pdserve makes (made here, in the test's Ray driver)."""
+    WorkerMetrics(DISAGG, "decode", "test", 2048, "nixl")
+    RouterMetrics()
+    return set(metrics.EXPORTED_NAMES)
+
+
+def test_every_rule_and_panel_expression_runs_on_exported_metrics(cluster, totals):
+    _, prometheus = cluster
+    with urllib.request.urlopen(f"{prometheus.url}/api/v1/label/__name__/values") as response:
+        scraped = set(json.load(response)["data"])
+    ours = _ours()
+    assert {n for n in scraped if n.startswith("ray_pdserve_")} <= ours
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    dashboard_vars = {"$model": DISAGG, "$pool": "decode", "$__rate_interval": "1m"}
+    for expr in _expressions():
+        for name in _names(expr):
+            # Ours (scraped once it has a value), a recording rule, or Ray's and Prometheus' own.
+            assert name in ours | recorded | scraped, (name, expr)
+        for variable, value in dashboard_vars.items():
+            expr = expr.replace(variable, value)
+        _query(prometheus, expr)  # a bad expression fails the query
