@@ -10,7 +10,9 @@ Then short prompts with ``max_tokens`` 1, each sent to the idle in-process engin
 aggregated cluster's HTTP, one after the other: the TTFT the cluster adds, taken apart with the
 router's own timings of each request (``router/timing.py``) into the HTTP proxy and client, the
 router's own share (the router's added latency), the Serve call to the worker, and the replica's
-engine. Timing rules: ``stream_timing.py``.
+engine. Timing rules: ``stream_timing.py``. With ``--metrics-rounds N``, then the aggregated
+run again N times with the model's metrics off and on in turn (redeployed each time), for the
+metrics' overhead: runs side by side, since this VM's speed drifts between minutes.
 """
 
 import argparse
@@ -76,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--warmup", type=int, default=WARMUP_REQUESTS, help="before each run")
     parser.add_argument("--overhead-requests", type=int, default=OVERHEAD_REQUESTS)
+    parser.add_argument(
+        "--metrics-rounds", type=int, default=0, help="aggregated runs with metrics off, then on"
+    )
 
 
 def _free_port() -> int:
@@ -85,10 +90,11 @@ def _free_port() -> int:
 
 
 def cluster_config(
-    args: argparse.Namespace, prefill_replicas: int, ports: tuple[int, int]
+    args: argparse.Namespace, prefill_replicas: int, ports: tuple[int, int], metrics: bool = True
 ) -> ClusterConfig:
     model = {
         "name": args.model.name,
+        "metrics": metrics,
         "path": str(args.model.resolve()),
         "engine": {"num_kv_blocks": args.num_kv_blocks},
         "prefill": {"replicas": prefill_replicas},
@@ -196,6 +202,43 @@ def _take_request_timings() -> list[dict]:
     return serve.get_app_handle(APP_NAME).take_request_timings.remote().result()
 
 
+def metrics_rounds(
+    args: argparse.Namespace,
+    ports: tuple[int, int],
+    workload: list[WorkItem],
+    warmup: list[WorkItem],
+    offsets: list[float],
+) -> dict[bool, list[Summary]]:
+    """The aggregated run with metrics off, then on, ``args.metrics_rounds`` times."""
+    runs: dict[bool, list[Summary]] = {False: [], True: []}
+    for _ in range(args.metrics_rounds):
+        for metrics in (False, True):
+            config = cluster_config(args, 0, ports, metrics)
+            redeploy(config)
+            runs[metrics].append(measure_cluster(config, workload, warmup, offsets).summary)
+    return runs
+
+
+def print_metrics_overhead(runs: dict[bool, list[Summary]]) -> None:
+    print(
+        f"\n| aggregated, {len(runs[True])} rounds of metrics off then on | output tok/s "
+        "(each round) | ITL p50 ms (each round) |"
+    )
+    print("|---|---|---|")
+    means = {}
+    for metrics, summaries in runs.items():
+        rates = [s.tokens_per_s for s in summaries]
+        itls = [s.itl_p50 for s in summaries]
+        means[metrics] = (np.mean(rates), np.mean(itls))
+        print(
+            f"| metrics {'on' if metrics else 'off'} | {np.mean(rates):.0f} "
+            f"({', '.join(f'{r:.0f}' for r in rates)}) | {_ms(np.mean(itls))} "
+            f"({', '.join(_ms(i) for i in itls)}) |"
+        )
+    (rate_on, itl_on), (rate_off, itl_off) = means[True], means[False]
+    print(f"| on / off | {rate_on / rate_off:.3f}x | {itl_on / itl_off:.3f}x |")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
@@ -270,7 +313,7 @@ def print_report(
         f"--request-rate {args.request_rate:g} --seed {args.seed} --threads {args.threads} "
         f"--num-kv-blocks {args.num_kv_blocks} "
         f"--local-prefill-max-tokens {args.local_prefill_max_tokens} --warmup {args.warmup} "
-        f"--overhead-requests {args.overhead_requests}"
+        f"--overhead-requests {args.overhead_requests} --metrics-rounds {args.metrics_rounds}"
     )
 
 
@@ -311,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
             overhead = router_overhead(engine, configs["aggregated"], overhead_prompts)
             redeploy(configs["disaggregated"])
             disaggregated = measure_cluster(configs["disaggregated"], workload, warmup, offsets)
+            metrics = metrics_rounds(args, ports, workload, warmup, offsets)
         finally:
             stop()
     finally:
@@ -318,4 +362,6 @@ def run(args: argparse.Namespace) -> int:
     runs |= {"aggregated": aggregated.summary, "disaggregated": disaggregated.summary}
     loads = (load_before, os.getloadavg()[0])
     print_report(args, workload, runs, disaggregated, overhead, loads)
+    if args.metrics_rounds:
+        print_metrics_overhead(metrics)
     return 0

@@ -27,6 +27,7 @@ GRPC_SERVICER = "pdserve.router.grpc_service.add_GenerationServicer_to_server"
 # How often each process of a new local cluster sends its metrics to its node's agent (Ray's
 # default, 10 s, would leave Prometheus and the planner that far behind).
 METRICS_REPORT_INTERVAL_MS = 2000
+_joined = False  # whether `start` joined a running cluster (else it started a local one)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,13 +92,15 @@ def start(config: ClusterConfig, address: str | None = None, dashboard: bool = F
 
     env_vars = apply_serve_env()
     # "local": a new cluster, never one a stray `ray start` left behind.
+    global _joined
+    _joined = address is not None and address != "local"
     local = {"_system_config": {"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS}}
     ray.init(
         address=address or "local",
         include_dashboard=dashboard,
         dashboard_host="127.0.0.1",
         runtime_env={"env_vars": env_vars},
-        **({} if address else local),
+        **({} if _joined else local),
     )
     serve.start(
         http_options={"host": config.http_host, "port": config.http_port},
@@ -107,10 +110,13 @@ def start(config: ClusterConfig, address: str | None = None, dashboard: bool = F
 
 
 def stop() -> None:
+    """Ends what ``start`` began: a local cluster goes down whole (Serve's own shutdown waits 30 s
+    on its controller for nothing); on a joined cluster only Serve stops."""
     import ray
     from ray import serve
 
-    serve.shutdown()
+    if _joined:
+        serve.shutdown()
     ray.shutdown()
 
 

@@ -26,13 +26,15 @@ class Router(GenerationServicer):
         decode: dict[str, DeploymentHandle],
     ) -> None:
         """``prefill`` lacks the models served without a prefill pool (aggregated)."""
-        self._metrics = RouterMetrics()
+        served_models = [ServedModel.model_validate(model) for model in models]
+        self._metrics = RouterMetrics() if any(m.metrics for m in served_models) else None
         clients = {}
-        for model in models:
-            served = ServedModel.model_validate(model)
-            self._metrics.publish_targets(served)
+        for served in served_models:
+            metrics = self._metrics if served.metrics else None
+            if metrics is not None:
+                metrics.publish_targets(served)
             clients[served.name] = ServeEngineClient(
-                served, prefill.get(served.name), decode[served.name], self._metrics
+                served, prefill.get(served.name), decode[served.name], metrics
             )
         super().__init__(clients)
         self._timing_log = TimingLog()

@@ -38,8 +38,9 @@ class ServeEngineClient:
         served: ServedModel,
         prefill: DeploymentHandle | None,
         decode: DeploymentHandle,
-        metrics: RouterMetrics,
+        metrics: RouterMetrics | None,
     ) -> None:
+        """``metrics``: where this model's requests are timed and routes counted (None: not)."""
         self.served = served
         self._metrics = metrics
         self.model_name = served.name
@@ -79,8 +80,10 @@ class ServeEngineClient:
         self.route_decisions[decision] += 1
         if decision == "local":
             self.route_decisions[f"local:{reason}"] += 1
-        self._metrics.count_decision(self.model_name, decision, reason)
         chunks = self._run(request, decision)
+        if self._metrics is None:
+            return chunks
+        self._metrics.count_decision(self.model_name, decision, reason)
         return self._metrics.observe(self.model_name, decision, chunks)
 
     async def _run(

@@ -78,6 +78,8 @@ class ServedModel(_Strict):
     routing: RoutingConfig = RoutingConfig()
     kv_transfer: KVTransferConfig = KVTransferConfig()
     sla: SLAConfig = SLAConfig()
+    # Export the model's metrics from its replicas and the router (off: a same-run baseline).
+    metrics: bool = True
     # Each replica logs a stats line this often while it has work (vLLM's); 0 turns it off.
     log_stats_interval_s: float = Field(DEFAULT_LOG_STATS_INTERVAL_S, ge=0)
 

@@ -36,7 +36,7 @@ def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
         connectors.append(connector)
         return ConnectorHooks(connector)
 
-    engine = AsyncLLMEngine(config, kv_hooks=hooks, collect_stats=True)
+    engine = AsyncLLMEngine(config, kv_hooks=hooks, collect_stats=served.metrics)
     return engine, connectors[0]
 
 
@@ -64,6 +64,8 @@ class EngineReplica:
     def __init__(self, served: dict) -> None:
         self.served = ServedModel.model_validate(served)
         self.engine, self.connector = start_engine(self.served)
+        if not self.served.metrics:  # nothing counted, nothing to report
+            return
         replica = serve.get_replica_context().replica_id.unique_id
         self._metrics = WorkerMetrics(
             self.served.name,

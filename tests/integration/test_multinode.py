@@ -11,12 +11,13 @@ one machine, not over a network.
 
 import openai
 import pytest
+import ray
 import torch
 from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from pdserve.cluster.serve import APP_NAME, start, stop
+from pdserve.cluster.serve import APP_NAME, start
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kvtransfer.nixl_shim import nixl_available
@@ -86,7 +87,7 @@ def served(nodes, tiny_model_dir):
     try:
         yield config
     finally:
-        stop()
+        ray.shutdown()  # the driver only: `nodes` takes the whole cluster down
 
 
 @pytest.fixture(scope="module")
