@@ -209,10 +209,12 @@ def metrics_rounds(
     warmup: list[WorkItem],
     offsets: list[float],
 ) -> dict[bool, list[Summary]]:
-    """The aggregated run with metrics off, then on, ``args.metrics_rounds`` times."""
+    """The aggregated run with metrics off and on, ``args.metrics_rounds`` times, in the order
+    off-on, on-off, ...: a redeploy's old replicas may still be stopping while the next run
+    starts, which must not always fall on the same side."""
     runs: dict[bool, list[Summary]] = {False: [], True: []}
-    for _ in range(args.metrics_rounds):
-        for metrics in (False, True):
+    for round_ in range(args.metrics_rounds):
+        for metrics in (False, True) if round_ % 2 == 0 else (True, False):
             config = cluster_config(args, 0, ports, metrics)
             redeploy(config)
             runs[metrics].append(measure_cluster(config, workload, warmup, offsets).summary)
@@ -221,8 +223,8 @@ def metrics_rounds(
 
 def print_metrics_overhead(runs: dict[bool, list[Summary]]) -> None:
     print(
-        f"\n| aggregated, {len(runs[True])} rounds of metrics off then on | output tok/s "
-        "(each round) | ITL p50 ms (each round) |"
+        f"\n| aggregated, {len(runs[True])} rounds of metrics off and on, alternating "
+        "| output tok/s (each round) | ITL p50 ms (each round) |"
     )
     print("|---|---|---|")
     means = {}

@@ -3,7 +3,8 @@
 ``build_app`` is the app builder for ``serve run``/``serve deploy``
 (``import_path: pdserve.cluster.app:build_app``); its args are a ``ClusterConfig`` (or
 ``{"config": "path/to.yaml"}``). A model with ``prefill.replicas: 0`` is served aggregated: its
-decode replicas prefill every prompt themselves.
+decode replicas prefill every prompt themselves. With ``planner.enabled``, a ``planner``
+deployment sizes the pools (the app must then be deployed with ``external_scaler_enabled``).
 """
 
 from typing import Any
@@ -12,6 +13,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from pdserve.cluster.planner.deployment import Planner
 from pdserve.decode_worker.worker import DecodeWorker
 from pdserve.prefill_worker.worker import PrefillWorker
 from pdserve.router.ingress import Router
@@ -19,6 +21,7 @@ from pdserve.router.kv_routing import KVAwareRouter
 from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel
 
 ROUTER_NUM_CPUS = 0.0
+PLANNER_NUM_CPUS = 0.0
 
 
 def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Application:
@@ -58,10 +61,15 @@ def build_app(args: dict[str, Any]) -> Application:
         if served.disaggregated:
             prefill[served.name] = _pool(PrefillWorker, "prefill", served.prefill, served)
         decode[served.name] = _pool(DecodeWorker, "decode", served.decode, served)
+    planner = None
+    if config.planner.enabled:
+        planner = serve.deployment(
+            Planner, name="planner", ray_actor_options={"num_cpus": PLANNER_NUM_CPUS}
+        ).bind(config.model_dump())
     router = serve.deployment(
         Router,
         name="router",
         max_ongoing_requests=config.router_max_ongoing_requests,
         ray_actor_options={"num_cpus": ROUTER_NUM_CPUS},
     )
-    return router.bind([m.model_dump() for m in config.models], prefill, decode)
+    return router.bind([m.model_dump() for m in config.models], prefill, decode, planner)

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from pdserve.cluster.presets import PRESETS, ModelPreset
+from pdserve.cluster.presets import PRESETS, preset_config
+from pdserve.engine.config import ModelConfig
 
 CORPUS = Path(__file__).with_name("data") / "corpus.txt.xz"
 SEED = 0
@@ -76,7 +77,7 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def make_weights(preset: ModelPreset, seed: int = SEED) -> dict[str, torch.Tensor]:
+def make_weights(preset: ModelConfig, seed: int = SEED) -> dict[str, torch.Tensor]:
     """Random fp32 weights under transformers' Llama names: N(0, 0.02) matrices, unit RMSNorms."""
     generator = torch.Generator().manual_seed(seed)
     h, hd = preset.hidden_size, preset.head_dim
@@ -104,19 +105,13 @@ def make_weights(preset: ModelPreset, seed: int = SEED) -> dict[str, torch.Tenso
     return weights
 
 
-def model_config(preset: ModelPreset, tokenizer: Tokenizer) -> dict[str, Any]:
+def model_config(preset: str, tokenizer: Tokenizer) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
+        **PRESETS[preset],
         "vocab_size": tokenizer.get_vocab_size(),
-        "hidden_size": preset.hidden_size,
-        "intermediate_size": preset.intermediate_size,
-        "num_hidden_layers": preset.num_hidden_layers,
-        "num_attention_heads": preset.num_attention_heads,
-        "num_key_value_heads": preset.num_key_value_heads,
-        "head_dim": preset.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": preset.max_position_embeddings,
         "initializer_range": INITIALIZER_RANGE,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_theta": ROPE_THETA,
@@ -124,7 +119,6 @@ def model_config(preset: ModelPreset, tokenizer: Tokenizer) -> dict[str, Any]:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
-        "tie_word_embeddings": preset.tie_word_embeddings,
         "bos_token_id": tokenizer.token_to_id(BOS_TOKEN),
         "eos_token_id": tokenizer.token_to_id(EOS_TOKEN),
         "torch_dtype": "float32",
@@ -141,7 +135,7 @@ def generation_config(tokenizer: Tokenizer) -> dict[str, Any]:
     }
 
 
-def tokenizer_config(preset: ModelPreset, tokenizer: Tokenizer) -> dict[str, Any]:
+def tokenizer_config(preset: ModelConfig, tokenizer: Tokenizer) -> dict[str, Any]:
     added = {
         str(tokenizer.token_to_id(token)): {
             "content": token,
@@ -181,9 +175,7 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 
 def make_model(preset: str, out_dir: str | Path) -> Path:
     """Writes the preset's model to ``out_dir`` (created if needed) and returns the directory."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
-    spec = PRESETS[preset]
+    spec = preset_config(preset)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -195,7 +187,7 @@ def make_model(preset: str, out_dir: str | Path) -> Path:
     _write_json(out / "special_tokens_map.json", special_tokens_map())
 
     print(f"make-model: drawing {spec.num_parameters / 1e6:.1f}M random fp32 weights", flush=True)
-    _write_json(out / "config.json", model_config(spec, tokenizer))
+    _write_json(out / "config.json", model_config(preset, tokenizer))
     _write_json(out / "generation_config.json", generation_config(tokenizer))
     weights_file = out / "model.safetensors"
     save_file(make_weights(spec), weights_file, metadata={"format": "pt"})

@@ -14,8 +14,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
+
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheus.yml"
-DEFAULT_PORT = 9090
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.2
@@ -39,7 +40,7 @@ def prometheus_binary() -> str:
 class PrometheusServer:
     """A running ``prometheus``; ``stop`` ends it and removes its data."""
 
-    def __init__(self, port: int = DEFAULT_PORT, config: Path = CONFIG) -> None:
+    def __init__(self, port: int = DEFAULT_PROMETHEUS_PORT, config: Path = CONFIG) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self._data = tempfile.mkdtemp(prefix="pdserve-prometheus-")

@@ -10,7 +10,6 @@ import signal
 import threading
 from pathlib import Path
 
-from pdserve.cluster.prometheus import DEFAULT_PORT as DEFAULT_PROMETHEUS_PORT
 from pdserve.cluster.prometheus import PrometheusServer, prometheus_binary
 from pdserve.cluster.serve_env import apply_serve_env
 from pdserve.serving.config import (
@@ -18,6 +17,7 @@ from pdserve.serving.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
     DEFAULT_LOG_STATS_INTERVAL_S,
+    DEFAULT_PROMETHEUS_PORT,
     ClusterConfig,
 )
 
@@ -28,6 +28,8 @@ GRPC_SERVICER = "pdserve.router.grpc_service.add_GenerationServicer_to_server"
 # default, 10 s, would leave Prometheus and the planner that far behind).
 METRICS_REPORT_INTERVAL_MS = 2000
 _joined = False  # whether `start` joined a running cluster (else it started a local one)
+PROFILE_FILE = "pdserve-profile.json"
+DEFAULT_MAX_REPLICAS = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,9 +56,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disable-log-stats", action="store_true", help="no periodic stats line per replica"
     )
+    parser.add_argument(
+        "--planner",
+        action="store_true",
+        help="let the SLA planner size the pools to the model's targets (starts Prometheus)",
+    )
+    parser.add_argument(
+        "--profile",
+        help=f"the model's `pdserve profile` JSON (default: {PROFILE_FILE} in the model's "
+        "directory, made there first if missing)",
+    )
+    parser.add_argument(
+        "--max-replicas", type=int, default=DEFAULT_MAX_REPLICAS, help="per pool, for the planner"
+    )
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    config = _from_file_or_flags(args)
+    if not args.planner:
+        return config
+    raw = config.model_dump()
+    planner = raw["planner"]
+    planner["enabled"] = True
+    planner["prometheus_url"] = planner["prometheus_url"] or (
+        f"http://127.0.0.1:{args.prometheus_port}"
+    )
+    planner["profile"] = args.profile or planner["profile"] or _profile(config.models[0].path)
+    return ClusterConfig.model_validate(raw)
+
+
+def _profile(model_dir: str) -> str:
+    """The model's profile for the planner, made (once) where none is given."""
+    path = Path(model_dir) / PROFILE_FILE
+    if not path.is_file():
+        from pdserve.cluster.planner.profiler import profile_and_save
+
+        print(f"pdserve: profiling {model_dir} for the planner (once, into {path})", flush=True)
+        profile_and_save(Path(model_dir), path)
+    return str(path)
+
+
+def _from_file_or_flags(args: argparse.Namespace) -> ClusterConfig:
     if args.config:
         return ClusterConfig.from_yaml(args.config)
     model_dir = Path(args.model) if args.model else DEFAULT_MODEL_DIR
@@ -65,13 +105,16 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
 
         make_model("tiny", model_dir)
     engine = {} if args.num_kv_blocks is None else {"num_kv_blocks": args.num_kv_blocks}
+    highest = max(args.max_replicas, args.prefill_replicas, args.decode_replicas)
+    bounds = {"min_replicas": 1, "max_replicas": highest} if args.planner else {}
+    prefill_bounds = bounds if args.prefill_replicas > 0 else {}
     model = {
         "name": args.name or model_dir.name,
         "log_stats_interval_s": 0.0 if args.disable_log_stats else DEFAULT_LOG_STATS_INTERVAL_S,
         "path": str(model_dir.resolve()),
         "engine": engine,
-        "prefill": {"replicas": args.prefill_replicas},
-        "decode": {"replicas": args.decode_replicas},
+        "prefill": {"replicas": args.prefill_replicas, **prefill_bounds},
+        "decode": {"replicas": args.decode_replicas, **bounds},
         "routing": {"local_prefill_max_tokens": args.local_prefill_max_tokens},
         "kv_transfer": {"backend": args.kv_backend},
     }
@@ -106,7 +149,12 @@ def start(config: ClusterConfig, address: str | None = None, dashboard: bool = F
         http_options={"host": config.http_host, "port": config.http_port},
         grpc_options=gRPCOptions(port=config.grpc_port, grpc_servicer_functions=[GRPC_SERVICER]),
     )
-    serve.run(build_app(config.model_dump()), name=APP_NAME, route_prefix="/")
+    serve.run(
+        build_app(config.model_dump()),
+        name=APP_NAME,
+        route_prefix="/",
+        external_scaler_enabled=config.planner.enabled,
+    )
 
 
 def stop() -> None:
@@ -125,12 +173,13 @@ def run(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    if args.prometheus:
+    with_prometheus = args.prometheus or args.planner
+    if with_prometheus:
         prometheus_binary()  # before the cluster starts: a missing package fails at once
-    start(config, args.address, dashboard=args.prometheus)
+    start(config, args.address, dashboard=with_prometheus)
     prometheus = None
     try:
-        if args.prometheus:
+        if with_prometheus:
             prometheus = PrometheusServer(args.prometheus_port)
         names = ", ".join(m.name for m in config.models)
         print(f"pdserve: serving {names}", flush=True)
@@ -139,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  metrics:       http://localhost:{config.http_port}/metrics", flush=True)
         if prometheus is not None:
             print(f"  Prometheus:    {prometheus.url}", flush=True)
+        if config.planner.enabled:
+            print(f"  planner:       every {config.planner.interval_s:g} s", flush=True)
         print("  Ctrl-C stops the cluster", flush=True)
         stopping.wait()
     finally:

@@ -15,7 +15,8 @@ class DecodeWorker(EngineReplica):
     async def generate(
         self, work: GenerateRequest | RemotePrefilled
     ) -> AsyncIterator[RequestOutput]:
-        """Streams the request's deltas; with a remote prefill, the first carries its token."""
+        """Streams the request's deltas (new tokens only, not the prompt again); with a remote
+        prefill, the first carries its token."""
         remote_kv = None
         request = work
         if isinstance(work, RemotePrefilled):
@@ -36,4 +37,4 @@ class DecodeWorker(EngineReplica):
             request.priority,
             remote_kv=remote_kv,
         ):
-            yield chunk
+            yield chunk.without_prompt()

@@ -52,6 +52,17 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     @property
+    def num_parameters(self) -> int:
+        """The weights a checkpoint of this architecture holds (norms and q/k/v biases too)."""
+        h, hd = self.hidden_size, self.head_dim
+        qkv_rows = (self.num_attention_heads + 2 * self.num_key_value_heads) * hd
+        attention = h * qkv_rows + self.num_attention_heads * hd * h  # q, k, v and o
+        bias = qkv_rows if self.attention_bias else 0
+        layer = attention + bias + 3 * h * self.intermediate_size + 2 * h  # MLP, two RMSNorms
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * layer + embeddings + h  # + the final norm
+
+    @property
     def max_model_len(self) -> int:
         if self.sliding_window is None:
             return self.max_position_embeddings

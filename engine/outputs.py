@@ -1,5 +1,6 @@
 """What the engine hands back: per-step deltas that add up to a finished request's output."""
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -74,6 +75,10 @@ class RequestOutput:
             num_cached_tokens=request.num_cached_tokens,
             metrics=metrics,
         )
+
+    def without_prompt(self) -> "RequestOutput":
+        """This output for the wire: the prompt stays behind, as its sender has it already."""
+        return dataclasses.replace(self, prompt=None, prompt_token_ids=[])
 
     def add(self, delta: "RequestOutput") -> None:
         """Joins a later delta: each of its completions into the one with the same index."""

@@ -36,4 +36,4 @@ class PrefillWorker(EngineReplica):
             output = chunk
         # Stopped at the first token (EOS, a stop): nothing was held, nothing to decode.
         kv = output.kv_transfer_params if output.finish_reason == "length" else None
-        return PrefillResult(output, self.peer_info, kv)
+        return PrefillResult(output.without_prompt(), self.peer_info, kv)

@@ -24,8 +24,11 @@ class Router(GenerationServicer):
         models: list[dict],
         prefill: dict[str, DeploymentHandle],
         decode: dict[str, DeploymentHandle],
+        planner: DeploymentHandle | None = None,
     ) -> None:
-        """``prefill`` lacks the models served without a prefill pool (aggregated)."""
+        """``prefill`` lacks the models served without a prefill pool (aggregated); ``planner``
+        is the SLA planner's deployment, when it runs (its place in the app's graph)."""
+        self._planner = planner
         served_models = [ServedModel.model_validate(model) for model in models]
         self._metrics = RouterMetrics() if any(m.metrics for m in served_models) else None
         clients = {}
@@ -45,6 +48,12 @@ class Router(GenerationServicer):
     def route_decisions(self) -> dict[str, dict[str, int]]:
         """Per model, how many requests took each path ("local" or "remote" prefill)."""
         return {name: dict(client.route_decisions) for name, client in self.clients.items()}
+
+    async def planner_history(self) -> list[str]:
+        """The SLA planner's decisions so far, one line each (empty when it does not run)."""
+        if self._planner is None:
+            return []
+        return await self._planner.history.remote()
 
     def take_request_timings(self) -> list[dict]:
         """The HTTP requests' timings logged since the last call (``router/timing.py``)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pdserve.engine.config import EngineConfig
 
@@ -23,6 +23,8 @@ DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 16384
 DEFAULT_MAX_ONGOING_REQUESTS = 256  # the engine's default max_num_seqs
 DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0  # vLLM's
+DEFAULT_PROMETHEUS_PORT = 9090  # Prometheus' own
+DEFAULT_PLANNER_INTERVAL_S = 30.0
 
 
 class _Strict(BaseModel):
@@ -38,6 +40,26 @@ class PoolConfig(_Strict):
     # continuous batching); past it, requests wait in Serve's queue rather than the engine's.
     max_ongoing_requests: int = Field(DEFAULT_MAX_ONGOING_REQUESTS, ge=1)
     resources: dict[str, float] = {}  # custom Ray resources, e.g. {"prefill_node": 1}
+    # The planner's bounds (none: `replicas`, so a pool the planner may not move stays put).
+    min_replicas: int | None = Field(None, ge=0)
+    max_replicas: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _bounds_hold_the_start(self) -> "PoolConfig":
+        if not self.lowest <= self.replicas <= self.highest:
+            raise ValueError(
+                f"need min_replicas <= replicas <= max_replicas, got {self.lowest} <= "
+                f"{self.replicas} <= {self.highest}"
+            )
+        return self
+
+    @property
+    def lowest(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def highest(self) -> int:
+        return self.replicas if self.max_replicas is None else self.max_replicas
 
 
 class RoutingConfig(_Strict):
@@ -53,10 +75,32 @@ class RoutingConfig(_Strict):
 
 
 class SLAConfig(_Strict):
-    """Targets for the planner (a later issue); carried now so configs need not change."""
+    """A model's latency targets: the planner sizes its pools to them, the alerts watch them."""
 
     ttft_ms: float = Field(500.0, gt=0)
     itl_ms: float = Field(50.0, gt=0)
+
+
+class PlannerConfig(_Strict):
+    """The SLA planner (``cluster/planner/``): sizes each model's pools to its ``sla``."""
+
+    enabled: bool = False
+    interval_s: float = Field(DEFAULT_PLANNER_INTERVAL_S, gt=0)
+    # None: the Prometheus `pdserve serve --prometheus` starts on this machine.
+    prometheus_url: str | None = None
+    profile: str | None = None  # `pdserve profile`'s JSON; needed when enabled
+    max_step: int = Field(1, ge=1)  # most replicas a pool gains or loses per interval
+    scale_down_intervals: int = Field(2, ge=1)  # intervals in a row wanting fewer, then down
+
+    @model_validator(mode="after")
+    def _profile_when_enabled(self) -> "PlannerConfig":
+        if self.enabled and self.profile is None:
+            raise ValueError("planner.profile is needed when the planner is enabled")
+        return self
+
+    @property
+    def prometheus(self) -> str:
+        return self.prometheus_url or f"http://127.0.0.1:{DEFAULT_PROMETHEUS_PORT}"
 
 
 class KVTransferConfig(_Strict):
@@ -113,6 +157,7 @@ class ClusterConfig(_Strict):
     http_port: int = DEFAULT_HTTP_PORT
     grpc_port: int = DEFAULT_GRPC_PORT
     router_max_ongoing_requests: int = Field(DEFAULT_ROUTER_MAX_ONGOING_REQUESTS, ge=1)
+    planner: PlannerConfig = PlannerConfig()
 
     @field_validator("models")
     @classmethod

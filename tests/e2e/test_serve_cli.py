@@ -1,17 +1,21 @@
-"""``pdserve serve`` as a user starts it: no arguments, a streamed chat completion, Ctrl-C, and
-no Ray process left behind."""
+"""``pdserve serve`` as a user starts it: the built-in model, a streamed chat completion, its
+Prometheus (where the package is installed), Ctrl-C, and no Ray or Prometheus process left behind.
+Free ports stand in for the default ones, which another program may hold."""
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
 
-from pdserve.serving.config import DEFAULT_HTTP_PORT
+from pdserve.tests.e2e.serve_replicas import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +35,21 @@ def _ray_daemon_pids() -> set[int]:
     return pids
 
 
-def test_serve_with_no_arguments_answers_then_exits_cleanly(tmp_path: Path) -> None:
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
     before = _ray_daemon_pids()
     pdserve = Path(sys.executable).with_name("pdserve")
+    http_port = free_port()
+    flags = ["--http-port", str(http_port), "--grpc-port", str(free_port())]
+    prometheus_port = free_port() if shutil.which("prometheus") else None
+    if prometheus_port is not None:
+        flags += ["--prometheus", "--prometheus-port", str(prometheus_port)]
     server = subprocess.Popen(
-        [str(pdserve), "serve"],
+        [str(pdserve), "serve", *flags],
         cwd=tmp_path,  # the built-in model is made in ./models/tiny
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -43,16 +57,22 @@ def test_serve_with_no_arguments_answers_then_exits_cleanly(tmp_path: Path) -> N
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline, printed = time.monotonic() + STARTUP_TIMEOUT_S, []
         for line in server.stdout:
+            printed.append(line)
             if "Ctrl-C" in line:
                 break
             assert time.monotonic() < deadline, "pdserve serve did not come up in time"
         else:
             raise AssertionError(f"pdserve serve exited early with {server.wait()}")
         assert (tmp_path / "models" / "tiny" / "config.json").is_file()
+        if prometheus_port is not None:
+            url = f"http://127.0.0.1:{prometheus_port}"
+            assert any(url in line for line in printed), printed
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=10) as ready:
+                assert ready.status == 200
 
-        base_url = f"http://127.0.0.1:{DEFAULT_HTTP_PORT}/v1"
+        base_url = f"http://127.0.0.1:{http_port}/v1"
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
             stream = client.chat.completions.create(
                 model="tiny",
@@ -72,3 +92,4 @@ def test_serve_with_no_arguments_answers_then_exits_cleanly(tmp_path: Path) -> N
     while (left := _ray_daemon_pids() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"Ray daemons left running: {left}"
+    assert prometheus_port is None or not _listening(prometheus_port), "Prometheus still runs"

@@ -119,7 +119,7 @@ def test_the_router_imports_no_torch() -> None:
 # Installs a finder that refuses the packages only the dev extra brings, then runs the CLI.
 _WITHOUT_DEV = """
 import importlib.abc, sys
-DEV = {"openai", "transformers", "pytest", "ruff"}
+DEV = {"openai", "transformers", "pytest", "ruff", "matplotlib"}
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in DEV:

@@ -13,7 +13,7 @@ import transformers
 from safetensors import safe_open
 
 from pdserve.cluster.make_model import make_model, make_weights
-from pdserve.cluster.presets import PRESETS
+from pdserve.cluster.presets import preset_config
 
 FILES = (
     "config.json",
@@ -37,7 +37,7 @@ def _config(model_dir: Path) -> dict:
 def test_writes_a_complete_llama_checkpoint(tiny_model_dir: Path) -> None:
     assert sorted(p.name for p in tiny_model_dir.iterdir()) == sorted(FILES)
     config = _config(tiny_model_dir)
-    preset = PRESETS["tiny"]
+    preset = preset_config("tiny")
     assert config["model_type"] == "llama"
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["torch_dtype"] == "float32"
@@ -71,19 +71,20 @@ def test_vocab_covers_every_tokenizer_id(tiny_model_dir: Path) -> None:
 
 
 def test_weights_follow_hf_init() -> None:
-    weights = make_weights(PRESETS["tiny"])
+    preset = preset_config("tiny")
+    weights = make_weights(preset)
     assert all(w.dtype == torch.float32 for w in weights.values())
-    assert torch.equal(weights["model.norm.weight"], torch.ones(PRESETS["tiny"].hidden_size))
+    assert torch.equal(weights["model.norm.weight"], torch.ones(preset.hidden_size))
     std = weights["model.layers.0.mlp.up_proj.weight"].std().item()
     assert std == pytest.approx(0.02, rel=0.05)
-    assert sum(w.numel() for w in weights.values()) == PRESETS["tiny"].num_parameters
+    assert sum(w.numel() for w in weights.values()) == preset.num_parameters
 
 
 def test_transformers_loads_and_generates(tiny_model_dir: Path) -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert model.dtype == torch.float32
-    assert model.num_parameters() == PRESETS["tiny"].num_parameters
+    assert model.num_parameters() == preset_config("tiny").num_parameters
     inputs = tokenizer("The cache holds", return_tensors="pt")
     assert inputs["input_ids"][0, 0].item() == tokenizer.bos_token_id
     out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
@@ -102,7 +103,7 @@ def test_unknown_preset_is_refused(tmp_path: Path) -> None:
 def test_small_preset(tmp_path: Path) -> None:
     out = make_model("small", tmp_path / "small")
     config = _config(out)
-    preset = PRESETS["small"]
+    preset = preset_config("small")
     assert config["vocab_size"] == preset.vocab_size == 32000
     assert config["max_position_embeddings"] == 4096
     assert config["tie_word_embeddings"] is False

@@ -1,0 +1,101 @@
+"""One model's planning step: observe the last interval, correct the profile, forecast the next,
+size both pools in one decision, and hold it to each pool's bounds, step and hysteresis.
+
+Pure: what the cluster showed comes in as an ``Observation`` (``prometheus_source.py`` reads it
+from Prometheus), the replica counts go out in a ``Decision`` (``planner.py`` applies them).
+"""
+
+from dataclasses import dataclass
+
+from pdserve.cluster.planner.policy import PoolPolicy
+from pdserve.cluster.planner.predictor import HoltPredictor
+from pdserve.cluster.planner.profile import Profile
+from pdserve.cluster.planner.sizing import (
+    Load,
+    Targets,
+    correction,
+    predicted_ttft,
+    replicas_needed,
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One model over the last interval; a figure is None when no request gave it."""
+
+    rate: float  # requests started per second
+    isl: float | None  # prompt tokens per request
+    osl: float | None  # output tokens per request
+    ttft_s: float | None  # mean time to first token
+    itl_s: float | None  # mean inter-token latency
+    decode_batch: float | None  # mean requests running on a decode replica
+
+
+@dataclass(frozen=True)
+class Decision:
+    prefill: int
+    decode: int
+    reason: str  # one log line's worth: the forecast, the corrections, each pool's why
+
+
+class ModelPlanner:
+    def __init__(
+        self,
+        name: str,
+        profile: Profile,
+        targets: Targets,
+        prefill: PoolPolicy | None,  # None: the model is served aggregated
+        decode: PoolPolicy,
+    ) -> None:
+        self.name = name
+        self.profile = profile
+        self.targets = targets
+        self.prefill = prefill
+        self.decode = decode
+        self.rate = HoltPredictor()
+        self.isl = HoltPredictor(beta=0.0)
+        self.osl = HoltPredictor(beta=0.0)
+        self.corrections = (1.0, 1.0)  # prefill, decode: the last ones observed
+
+    def step(self, seen: Observation, current: tuple[int, int]) -> Decision:
+        """The replica counts (prefill, decode) to have next, given those there are now."""
+        self._correct(seen, current)
+        self.rate.observe(seen.rate)
+        if seen.isl is not None and seen.osl is not None:
+            self.isl.observe(seen.isl)
+            self.osl.observe(seen.osl)
+        isl, osl = self.isl.forecast(), self.osl.forecast()
+        if isl is None or osl is None:  # no request yet: nothing to size from
+            load = Load(0.0, 0.0, 0.0)
+        else:
+            load = Load(self.rate.forecast() or 0.0, isl, osl)
+        need = replicas_needed(
+            self.profile, load, self.targets, self.corrections, self.prefill is not None
+        )
+        prefill, why_prefill = (
+            (0, "none") if self.prefill is None else self.prefill.next(current[0], need.prefill)
+        )
+        decode, why_decode = self.decode.next(current[1], need.decode)
+        reason = (
+            f"{self.name}: forecast {load.rate:.2f} req/s, ISL {load.isl:.0f}, OSL "
+            f"{load.osl:.0f}; corrections prefill {self.corrections[0]:.2f}, decode "
+            f"{self.corrections[1]:.2f}; prefill {current[0]} -> {prefill} ({why_prefill}); "
+            f"decode {current[1]} -> {decode} ({why_decode})"
+        )
+        return Decision(prefill, decode, reason)
+
+    def _correct(self, seen: Observation, current: tuple[int, int]) -> None:
+        if seen.isl is None or seen.osl is None or seen.rate <= 0:
+            return
+        load = Load(seen.rate, seen.isl, seen.osl)
+        prefilling = current[0] if self.prefill is not None else current[1]
+        c_p = correction(seen.ttft_s, predicted_ttft(self.profile, load, prefilling))
+        c_d = None
+        if seen.decode_batch is not None:
+            context = seen.isl + seen.osl / 2
+            step = self.profile.decode_step_seconds(max(seen.decode_batch, 1.0), context)
+            c_d = correction(seen.itl_s, step)
+        self.corrections = (
+            self.corrections[0] if c_p is None else c_p,
+            self.corrections[1] if c_d is None else c_d,
+        )

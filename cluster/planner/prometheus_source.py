@@ -1,0 +1,72 @@
+"""What the planner observes: each model's last interval, read from Prometheus' HTTP API (PromQL).
+
+Per model, over a window of ``window_s`` seconds:
+
+- rate: requests that got their first token, per second (the TTFT histogram's count);
+- ISL, OSL: prompt and generated tokens per request (token counters summed over both pools,
+  where each token counts once: ``serving/metrics.py``);
+- TTFT, ITL: the histograms' means (Ray builds their ``_sum`` from bucket midpoints: close enough
+  to correct a profile, not to report);
+- decode batch: the requests running on a decode replica, averaged over the window.
+"""
+
+import json
+import urllib.parse
+import urllib.request
+
+from pdserve.cluster.planner.model_planner import Observation
+
+QUERY_TIMEOUT_S = 10.0
+
+
+class PrometheusSource:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def query(self, promql: str) -> dict[str, float]:
+        """An instant query's value per ``model_name``; NaN and missing series are left out."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=QUERY_TIMEOUT_S) as response:
+            answer = json.load(response)
+        if answer.get("status") != "success":
+            raise RuntimeError(f"Prometheus refused {promql!r}: {answer}")
+        values = {}
+        for series in answer["data"]["result"]:
+            value = float(series["value"][1])
+            if value == value:  # NaN: a ratio of no requests
+                values[series["metric"].get("model_name", "")] = value
+        return values
+
+    def observe(self, models: list[str], window_s: float) -> dict[str, Observation]:
+        w = f"{max(1, round(window_s))}s"
+
+        def increase(metric: str, where: str = "") -> str:
+            return f"sum by (model_name) (increase(ray_pdserve_{metric}{where}[{w}]))"
+
+        requests = self.query(increase("time_to_first_token_seconds_count"))
+        prompt = self.query(increase("prompt_tokens_total"))
+        generated = self.query(increase("generation_tokens_total"))
+        ttft = self.query(
+            f"{increase('time_to_first_token_seconds_sum')} / "
+            f"{increase('time_to_first_token_seconds_count')}"
+        )
+        itl = self.query(
+            f"{increase('inter_token_latency_seconds_sum')} / "
+            f"{increase('inter_token_latency_seconds_count')}"
+        )
+        batch = self.query(
+            "avg by (model_name) (avg_over_time("
+            f'ray_pdserve_num_requests_running{{pool="decode"}}[{w}]))'
+        )
+        seen = {}
+        for model in models:
+            n = requests.get(model, 0.0)
+            seen[model] = Observation(
+                rate=n / window_s,
+                isl=prompt.get(model, 0.0) / n if n else None,
+                osl=generated.get(model, 0.0) / n if n else None,
+                ttft_s=ttft.get(model),
+                itl_s=itl.get(model),
+                decode_batch=batch.get(model),
+            )
+        return seen

@@ -1,0 +1,145 @@
+"""The SLA planner's core without Ray: profile, forecast, sizing, corrections, bounds, step and
+hysteresis, on a synthetic profile whose answers can be worked out by hand."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pdserve.cluster.planner.model_planner import ModelPlanner, Observation
+from pdserve.cluster.planner.policy import PoolPolicy
+from pdserve.cluster.planner.predictor import HoltPredictor
+from pdserve.cluster.planner.profile import DecodePoint, PrefillPoint, Profile
+from pdserve.cluster.planner.sizing import (
+    Load,
+    Targets,
+    correction,
+    decode_batch,
+    predicted_ttft,
+    replicas_needed,
+)
+
+TARGETS = Targets(ttft_s=0.5, itl_s=0.05)
+
+
+def _step(batch: int, context: int) -> float:
+    return 0.005 + 0.001 * batch + 0.00001 * context
+
+
+@pytest.fixture
+def profile() -> Profile:
+    """Prefill 1 ms per prompt token; a decode step 5 ms + 1 ms per request + 10 us per token."""
+    return Profile(
+        model="synthetic",
+        prefill=tuple(PrefillPoint(t, 0.001 * t) for t in (16, 256, 1024)),
+        decode=tuple(DecodePoint(b, c, _step(b, c)) for b in (1, 8, 32) for c in (128, 1024)),
+    )
+
+
+def test_profile_interpolates_and_extrapolates(profile: Profile, tmp_path: Path) -> None:
+    assert profile.prefill_seconds(256) == pytest.approx(0.256)
+    assert profile.prefill_seconds(100) == pytest.approx(0.1)  # between points
+    assert profile.prefill_seconds(2048) == pytest.approx(2.048)  # beyond the last
+    assert profile.decode_step_seconds(20, 500) == pytest.approx(_step(20, 500))
+    assert profile.decode_step_seconds(64, 128) == pytest.approx(_step(64, 128))
+    profile.save(tmp_path / "profile.json")
+    assert Profile.load(tmp_path / "profile.json") == profile
+
+
+def test_a_profile_without_a_full_grid_is_refused(profile: Profile) -> None:
+    with pytest.raises(ValueError, match="grid"):
+        Profile("m", profile.prefill, profile.decode[:-1])
+
+
+def test_the_forecast_holds_a_steady_load_and_leads_a_rising_one() -> None:
+    steady, rising = HoltPredictor(), HoltPredictor()
+    assert steady.forecast() is None
+    for x in range(1, 9):
+        steady.observe(4.0)
+        rising.observe(float(x))
+    assert steady.forecast() == pytest.approx(4.0)
+    assert rising.forecast() > 8.0  # ahead of the last observation
+    mean = HoltPredictor(alpha=0.5, beta=0.0)
+    for x in (100.0, 200.0):
+        mean.observe(x)
+    assert mean.forecast() == pytest.approx(150.0)
+
+
+def test_sizing_by_hand(profile: Profile) -> None:
+    # Prefill: s = 0.1 s. At 10 req/s, 2 replicas are half busy: TTFT 0.1 + 0.05 = 0.15 s.
+    light = Load(rate=10.0, isl=100, osl=50)
+    assert predicted_ttft(profile, light, 2) == pytest.approx(0.15)
+    # Decode at context 125: the step is 6.25 ms + 1 ms per request, under 50 ms up to 43.
+    assert decode_batch(profile, 125, TARGETS.itl_s, 1.0) == 43
+    assert replicas_needed(profile, light, TARGETS, (1.0, 1.0), True) == (2, 1)
+    # 100 req/s: 11 prefill replicas are 91% busy (TTFT 0.6 s), 12 are 83% (0.35 s); decode
+    # needs 100 * 50 * 49.25 ms / 43 = 5.7 replicas.
+    heavy = Load(rate=100.0, isl=100, osl=50)
+    assert predicted_ttft(profile, heavy, 11) == pytest.approx(0.6)
+    assert replicas_needed(profile, heavy, TARGETS, (1.0, 1.0), True) == (12, 6)
+    # Aggregated: the decode replicas prefill too.
+    assert replicas_needed(profile, heavy, TARGETS, (1.0, 1.0), False) == (0, 18)
+    assert replicas_needed(profile, Load(0.0, 100, 50), TARGETS, (1.0, 1.0), True) == (0, 0)
+
+
+def test_corrections_scale_the_profile(profile: Profile) -> None:
+    heavy = Load(rate=100.0, isl=100, osl=50)
+    slow = replicas_needed(profile, heavy, TARGETS, (2.0, 2.0), True)
+    # Prefill s = 0.2 s: 22 replicas are 91% busy (0.4 s wait); 24 are 83% (TTFT 0.3 s + ...).
+    assert slow.prefill > 20
+    # Decode steps twice as long: the batch that meets 50 ms is 18 (2 * 24.25 ms = 48.5 ms).
+    assert decode_batch(profile, 125, TARGETS.itl_s, 2.0) == 18
+    assert slow.decode == math.ceil(100 * 50 * 2 * _step(18, 125) / 18)
+    assert correction(0.3, 0.15) == 2.0
+    assert correction(10.0, 0.1) == 4.0  # bounded
+    assert correction(None, 0.1) is None and correction(0.2, math.inf) is None
+
+
+def test_policy_bounds_steps_and_does_not_flap() -> None:
+    policy = PoolPolicy(min_replicas=1, max_replicas=3, max_step=1, scale_down_intervals=2)
+    assert policy.next(1, 7)[0] == 2  # up at once, one step
+    assert policy.next(2, 7)[0] == 3
+    new, why = policy.next(3, 7)
+    assert new == 3 and "bounded from 7" in why
+    assert policy.next(3, 1)[0] == 3  # one interval wanting fewer: hold
+    assert policy.next(3, 3)[0] == 3  # the want came back: the count restarts
+    assert policy.next(3, 1)[0] == 3
+    new, why = policy.next(3, 2)  # two in a row: down, to the larger of the two wants
+    assert new == 2 and why.startswith("down")
+    assert policy.next(2, 0)[0] == 2
+    assert policy.next(2, 0)[0] == 1  # never below min_replicas
+    with pytest.raises(ValueError):
+        PoolPolicy(min_replicas=2, max_replicas=1)
+
+
+def _observe(rate: float, ttft: float = 0.15, itl: float = 0.01) -> Observation:
+    return Observation(rate, isl=100, osl=50, ttft_s=ttft, itl_s=itl, decode_batch=4.0)
+
+
+def test_the_planner_co_scales_both_pools_up_then_back(profile: Profile) -> None:
+    planner = ModelPlanner(
+        "tiny", profile, TARGETS, PoolPolicy(1, 3), PoolPolicy(1, 3, scale_down_intervals=2)
+    )
+    current = (1, 1)
+    history = []
+    for rate in (1, 1, 20, 40, 40, 40, 0, 0, 0, 0, 0, 0):
+        decision = planner.step(_observe(rate), current)
+        current = (decision.prefill, decision.decode)
+        history.append(current)
+        assert decision.reason.startswith("tiny: forecast")
+    # Up within the interval the load rises, one replica a step, co-scaled, bounded at 3; down
+    # one step after two intervals that want fewer, back to the minimum once the load is gone.
+    assert history == [
+        (1, 1), (1, 1), (2, 1), (3, 2), (3, 3), (3, 3),
+        (3, 3), (3, 2), (2, 2), (2, 1), (1, 1), (1, 1),
+    ]  # fmt: skip
+
+
+def test_the_planner_learns_its_corrections(profile: Profile) -> None:
+    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 8), PoolPolicy(1, 8))
+    # At 10 req/s on 2 prefill replicas the profile predicts TTFT 0.15 s; 0.3 s is observed.
+    # A decode step of 4 requests at context 125 is 10.25 ms; 20.5 ms is observed.
+    planner.step(Observation(10.0, 100, 50, 0.3, 0.0205, 4.0), (2, 1))
+    assert planner.corrections == pytest.approx((2.0, 2.0))
+    planner.step(Observation(0.0, None, None, None, None, None), (2, 1))  # idle: kept
+    assert planner.corrections == pytest.approx((2.0, 2.0))

@@ -1,0 +1,29 @@
+"""``pdserve profile`` on the tiny model at a small grid: a profile the planner can load, with
+times that grow with the work, and its plot."""
+
+from pathlib import Path
+
+import pytest
+
+from pdserve.cluster import cli
+from pdserve.cluster.planner.profile import Profile
+
+
+def test_profile_writes_what_the_planner_reads(
+    tiny_model_dir: Path, tmp_path: Path, torch_threads
+) -> None:
+    out = tmp_path / "profile.json"
+    argv = ["profile", "--model", str(tiny_model_dir), "--out", str(out), "--threads", "1"]
+    argv += ["--prefill-tokens", "16", "512", "--decode-batches", "1", "16"]
+    argv += ["--decode-contexts", "64", "256"]
+    assert cli.main(argv) == 0
+    profile = Profile.load(out)
+    assert profile.model == tiny_model_dir.name and profile.meta["threads"] == 1
+    assert [p.tokens for p in profile.prefill] == [16, 512]
+    assert profile.batches == [1, 16] and profile.contexts == [64, 256]
+    assert all(p.seconds > 0 for p in (*profile.prefill, *profile.decode))
+    # A 512-token prompt costs more than a 16-token one; 16 decodes a step more than one.
+    assert profile.prefill_seconds(512) > profile.prefill_seconds(16)
+    assert profile.decode_step_seconds(16, 256) > profile.decode_step_seconds(1, 256)
+    pytest.importorskip("matplotlib")
+    assert out.with_suffix(".png").stat().st_size > 0
