@@ -23,6 +23,9 @@ from pdserve.serving.config import ClusterConfig, PlannerConfig, PoolConfig, Ser
 from pdserve.serving.metrics import ROUTER_TAGS, gauge
 
 logger = logging.getLogger(__name__)
+# The shortest window the planner reads: three of Prometheus' 5 s scrapes (deploy/prometheus/),
+# so a short interval still sees each counter rise between two samples.
+MIN_WINDOW_S = 15.0
 
 
 def _policy(pool: PoolConfig, planner: PlannerConfig) -> PoolPolicy:
@@ -98,7 +101,7 @@ class Planner:
                 logger.exception("planner: this interval's decision failed")
 
     def plan(self) -> None:
-        seen = self.source.observe(list(self.planners), self.interval_s)
+        seen = self.source.observe(list(self.planners), max(self.interval_s, MIN_WINDOW_S))
         for name, planner in self.planners.items():
             decision = planner.step(seen[name], self.current[name])
             served = self.models[name]

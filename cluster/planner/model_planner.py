@@ -77,7 +77,8 @@ class ModelPlanner:
         )
         decode, why_decode = self.decode.next(current[1], need.decode)
         reason = (
-            f"{self.name}: forecast {load.rate:.2f} req/s, ISL {load.isl:.0f}, OSL "
+            f"{self.name}: seen {seen.rate:.2f} req/s, TTFT {_ms(seen.ttft_s)}, ITL "
+            f"{_ms(seen.itl_s)}; forecast {load.rate:.2f} req/s, ISL {load.isl:.0f}, OSL "
             f"{load.osl:.0f}; corrections prefill {self.corrections[0]:.2f}, decode "
             f"{self.corrections[1]:.2f}; prefill {current[0]} -> {prefill} ({why_prefill}); "
             f"decode {current[1]} -> {decode} ({why_decode})"
@@ -85,6 +86,7 @@ class ModelPlanner:
         return Decision(prefill, decode, reason)
 
     def _correct(self, seen: Observation, current: tuple[int, int]) -> None:
+        # Observed over predicted, for the load as it was: each pool's profile correction.
         if seen.isl is None or seen.osl is None or seen.rate <= 0:
             return
         load = Load(seen.rate, seen.isl, seen.osl)
@@ -99,3 +101,7 @@ class ModelPlanner:
             self.corrections[0] if c_p is None else c_p,
             self.corrections[1] if c_d is None else c_d,
         )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f} ms"

@@ -29,7 +29,8 @@ PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024, 2048)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DECODE_CONTEXTS = (128, 512, 1024)
 PREFILL_RUNS = 3
-DECODE_STEPS = 8
+DECODE_STEPS = 16
+WARMUP_TOKENS, WARMUP_BATCH = 64, 4  # first calls pay one-time costs: measured, then dropped
 REPLICA_THREADS = int(os.environ.get("OMP_NUM_THREADS", "1"))
 
 
@@ -96,6 +97,8 @@ def profile_model(args: argparse.Namespace) -> Profile:
     if longest >= engine.max_model_len:
         raise ValueError(f"the model serves {engine.max_model_len} tokens; asked for {longest}")
     prompts = _Prompts(engine.model_config.vocab_size)
+    prefill_seconds(engine, prompts, WARMUP_TOKENS, 1)
+    decode_step_seconds(engine, prompts, WARMUP_BATCH, WARMUP_TOKENS, DECODE_STEPS)
     decode_grid = [(b, c) for c in args.decode_contexts for b in args.decode_batches]
     with tqdm(total=len(args.prefill_tokens) + len(decode_grid), desc="profile") as bar:
         prefill = []

@@ -23,6 +23,7 @@ import torch
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdserve.cluster.planner.deployment import PlannerMetrics
 from pdserve.cluster.prometheus import PrometheusServer
 from pdserve.cluster.serve import start, stop
 from pdserve.router.metrics import RouterMetrics
@@ -215,6 +216,7 @@ def _ours() -> set[str]:
     """The names of every metric pdserve makes (made here, in the test's Ray driver)."""
     WorkerMetrics(DISAGG, "decode", "test", 2048, "nixl")
     RouterMetrics()
+    PlannerMetrics()
     return set(metrics.EXPORTED_NAMES)
 
 

@@ -126,7 +126,7 @@ def test_the_planner_co_scales_both_pools_up_then_back(profile: Profile) -> None
         decision = planner.step(_observe(rate), current)
         current = (decision.prefill, decision.decode)
         history.append(current)
-        assert decision.reason.startswith("tiny: forecast")
+        assert decision.reason.startswith("tiny: seen")
     # Up within the interval the load rises, one replica a step, co-scaled, bounded at 3; down
     # one step after two intervals that want fewer, back to the minimum once the load is gone.
     assert history == [

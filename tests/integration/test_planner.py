@@ -1,0 +1,180 @@
+"""The SLA planner on a real cluster and a real Prometheus: a rising load grows both pools, the
+end of it shrinks them back, and every stream meanwhile completes with the offline engine's
+tokens.
+
+The model is profiled for real (``pdserve profile``, a small grid). The targets are met at one
+request a second and missed at six (512-token prompts, 64 tokens out, on two cores), where the
+profile says either pool needs a second replica; each pool may have 1 to 3.
+"""
+
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from ray import serve
+
+from pdserve.cluster import cli
+from pdserve.cluster.prometheus import PrometheusServer
+from pdserve.cluster.serve import APP_NAME, start, stop
+from pdserve.engine.llm import LLM
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.serving.config import ClusterConfig
+from pdserve.tests.e2e.serve_replicas import free_port, token_ids
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("prometheus") is None,
+        reason="needs the prometheus binary: Debian package `prometheus` (make test installs it)",
+    ),
+]
+
+MODEL = "tiny"
+INTERVAL_S = 5.0
+PROMPT_LEN, MAX_TOKENS = 512, 64
+TTFT_MS, ITL_MS = 150, 15
+RAMP = [(1.0, 15.0), (6.0, 20.0)]  # (requests/s, seconds)
+LOADED_RATE = 2.0  # an interval with more requests/s than this is in the ramp's second phase
+SHRINK_TIMEOUT_S = 150.0
+WATCH_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def profile(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    argv = ["profile", "--model", str(tiny_model_dir), "--out", str(path), "--threads", "1"]
+    argv += ["--prefill-tokens", "16", "128", "512", "--decode-batches", "1", "4", "16"]
+    assert cli.main([*argv, "--decode-contexts", "128", "576"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir: Path, profile: Path):
+    prometheus_port = free_port()
+    pool = {"replicas": 1, "min_replicas": 1, "max_replicas": 3}
+    config = ClusterConfig(
+        models=[
+            {
+                "name": MODEL,
+                "path": str(tiny_model_dir),
+                "engine": {"num_kv_blocks": 2048},
+                "prefill": pool,
+                "decode": pool,
+                "routing": {"local_prefill_max_tokens": 64},
+                "sla": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
+            }
+        ],
+        http_port=free_port(),
+        grpc_port=free_port(),
+        planner={
+            "enabled": True,
+            "interval_s": INTERVAL_S,
+            "prometheus_url": f"http://127.0.0.1:{prometheus_port}",
+            "profile": str(profile),
+        },
+    )
+    start(config, dashboard=True)
+    prometheus = PrometheusServer(prometheus_port)
+    yield config
+    prometheus.stop()
+    stop()
+
+
+def _replicas() -> dict[str, int]:
+    deployments = serve.status().applications[APP_NAME].deployments
+    return {
+        pool: deployments[f"{pool}-{MODEL}"].replica_states.get("RUNNING", 0)
+        for pool in ("prefill", "decode")
+    }
+
+
+def _missed(line: str) -> bool:
+    """Whether a decision's line saw the model, under the ramp's full load, miss a target."""
+    seen = re.search(r"seen ([\d.]+) req/s, TTFT (-|[\d.]+)(?: ms)?, ITL (-|[\d.]+)", line)
+    rate, ttft, itl = seen.groups()
+    if float(rate) <= LOADED_RATE:
+        return False
+    return (ttft != "-" and float(ttft) > TTFT_MS) or (itl != "-" and float(itl) > ITL_MS)
+
+
+def _history() -> list[str]:
+    return serve.get_app_handle(APP_NAME).planner_history.remote().result()
+
+
+def test_a_rising_load_grows_both_pools_and_its_end_shrinks_them(cluster, tiny_model_dir):
+    # Every prompt new, so no prefix cache makes the load lighter than it looks.
+    generator = torch.Generator().manual_seed(7)
+    num_prompts = int(sum(rate * seconds for rate, seconds in RAMP)) + len(RAMP)
+    prompts = [
+        torch.randint(0, 4096, (PROMPT_LEN,), generator=generator).tolist()
+        for _ in range(num_prompts)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    expected = [o.token_ids for o in LLM(str(tiny_model_dir)).generate(prompts, params)]
+
+    base_url = f"http://127.0.0.1:{cluster.http_port}/v1"
+    results, errors, peak = [], [], {"prefill": 0, "decode": 0}
+    watching = threading.Event()
+
+    def watch() -> None:  # the most replicas each pool ran at once, all through the test
+        while not watching.is_set():
+            for pool, count in _replicas().items():
+                peak[pool] = max(peak[pool], count)
+            time.sleep(WATCH_S)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        try:
+            with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+                response = client.completions.create(
+                    model=MODEL,
+                    prompt=prompts[i],
+                    max_tokens=MAX_TOKENS,
+                    temperature=0,
+                    logprobs=0,
+                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+                )
+            got = token_ids(response.choices[0].logprobs.tokens)
+            with lock:
+                results.append((i, got))
+        except Exception as error:  # every stream must complete: collected and asserted below
+            with lock:
+                errors.append(repr(error))
+
+    threads, sent = [], 0
+    for rate, seconds in RAMP:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            thread = threading.Thread(target=one, args=(sent,))
+            thread.start()
+            threads.append(thread)
+            sent += 1
+            time.sleep(1.0 / rate)
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors[:3]
+    assert len(results) == sent
+    for i, got in results:
+        assert got == expected[i], f"request {i}"
+    # Both pools grow within two intervals of the first interval that missed a target.
+    history = _history()
+    missed = next((i for i, line in enumerate(history) if _missed(line)), None)
+    assert missed is not None, history
+    for pool in ("prefill", "decode"):
+        grown = next((i for i, line in enumerate(history) if f"{pool} 1 -> 2" in line), None)
+        assert grown is not None and grown <= missed + 2, "\n".join([pool, str(missed), *history])
+    deadline = time.monotonic() + SHRINK_TIMEOUT_S
+    while (now := _replicas()) != {"prefill": 1, "decode": 1}:
+        assert time.monotonic() < deadline, (now, _history()[-6:])
+        time.sleep(1.0)
+    watching.set()
+    watcher.join()
+    assert peak["prefill"] >= 2 and peak["decode"] >= 2, (peak, _history())
