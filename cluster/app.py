@@ -44,6 +44,7 @@ def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Applic
         name=f"{role}-{served.name}",
         num_replicas=pool.replicas,
         max_ongoing_requests=pool.max_ongoing_requests,
+        graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         ray_actor_options={"num_cpus": pool.num_cpus, "resources": dict(pool.resources)},
         **options,
     )

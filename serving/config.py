@@ -21,6 +21,9 @@ DEFAULT_ROUTING_STATS_PERIOD_S = 0.5
 # 2,048-token steps.
 DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 16384
 DEFAULT_MAX_ONGOING_REQUESTS = 256  # the engine's default max_num_seqs
+# A replica being removed (scale-down, redeploy) takes no new requests and has this long to finish
+# its streams: a 1,000-token completion at 50 ms a token (Serve's own default is 20 s).
+DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S = 60.0
 DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0  # vLLM's
 DEFAULT_PROMETHEUS_PORT = 9090  # Prometheus' own
@@ -40,6 +43,7 @@ class PoolConfig(_Strict):
     # continuous batching); past it, requests wait in Serve's queue rather than the engine's.
     max_ongoing_requests: int = Field(DEFAULT_MAX_ONGOING_REQUESTS, ge=1)
     resources: dict[str, float] = {}  # custom Ray resources, e.g. {"prefill_node": 1}
+    graceful_shutdown_timeout_s: float = Field(DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S, ge=0)
     # The planner's bounds (none: `replicas`, so a pool the planner may not move stays put).
     min_replicas: int | None = Field(None, ge=0)
     max_replicas: int | None = Field(None, ge=1)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from pdserve.serving.config import ClusterConfig
+from pdserve.serving.config import ClusterConfig, PlannerConfig, PoolConfig
 
 
 def _model(**overrides) -> dict:
@@ -65,3 +65,20 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
     (model,) = config.models
     assert model.decode.replicas == 2 and model.decode.resources == {"decode_node": 1}
     assert model.routing.local_prefill_max_tokens == 256 and config.http_port == 8100
+
+
+def test_pool_bounds_default_to_replicas_and_must_hold_them() -> None:
+    pool = PoolConfig(replicas=2)
+    assert (pool.lowest, pool.highest) == (2, 2)  # without the planner's bounds it stays put
+    bounded = PoolConfig(replicas=2, min_replicas=1, max_replicas=4)
+    assert (bounded.lowest, bounded.highest) == (1, 4)
+    with pytest.raises(ValueError, match="min_replicas <= replicas <= max_replicas"):
+        PoolConfig(replicas=5, max_replicas=3)
+
+
+def test_the_planner_needs_a_profile_when_enabled() -> None:
+    assert PlannerConfig().enabled is False
+    with pytest.raises(ValueError, match=r"planner\.profile"):
+        PlannerConfig(enabled=True)
+    planner = PlannerConfig(enabled=True, profile="p.json")
+    assert planner.prometheus == "http://127.0.0.1:9090"

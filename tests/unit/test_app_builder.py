@@ -1,0 +1,49 @@
+"""What ``build_app`` binds, read back from Serve's application graph (no cluster): each pool's
+deployment options, and the planner only when it is on."""
+
+from pathlib import Path
+
+from ray.serve import Application
+
+from pdserve.cluster.app import build_app
+
+
+def _deployments(app: Application) -> dict[str, Application]:
+    """The router's bound arguments: ``(models, prefill pools, decode pools, planner)``."""
+    _, prefill, decode, planner = app._bound_deployment._replica_config.init_args
+    pools = {**prefill, **{f"decode:{name}": pool for name, pool in decode.items()}}
+    if planner is not None:
+        pools["planner"] = planner
+    return pools
+
+
+def _config(tiny_model_dir: Path, **planner: object) -> dict:
+    return {
+        "models": [
+            {
+                "name": "tiny",
+                "path": str(tiny_model_dir),
+                "prefill": {"replicas": 1, "graceful_shutdown_timeout_s": 45, "max_replicas": 3},
+                "decode": {"replicas": 2, "resources": {"decode_node": 1}},
+            }
+        ],
+        "planner": planner,
+    }
+
+
+def test_pools_carry_their_serve_options(tiny_model_dir: Path) -> None:
+    pools = _deployments(build_app(_config(tiny_model_dir)))
+    assert set(pools) == {"tiny", "decode:tiny"}  # no planner unless enabled
+    prefill = pools["tiny"]._bound_deployment
+    assert prefill.name == "prefill-tiny" and prefill.num_replicas == 1
+    assert prefill._deployment_config.graceful_shutdown_timeout_s == 45
+    decode = pools["decode:tiny"]._bound_deployment
+    assert decode.num_replicas == 2
+    assert decode._deployment_config.graceful_shutdown_timeout_s == 60  # pdserve's default
+    assert decode.ray_actor_options["resources"] == {"decode_node": 1}
+
+
+def test_the_planner_is_bound_when_enabled(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = _config(tiny_model_dir, enabled=True, profile=str(tmp_path / "profile.json"))
+    pools = _deployments(build_app(config))
+    assert pools["planner"]._bound_deployment.name == "planner"
