@@ -7,6 +7,8 @@ preemptions, transfers) are turned into counter increments here.
 
 from dataclasses import dataclass
 
+from ray.util import metrics
+
 from pdserve.engine.stats import EngineStats, IterationStats
 from pdserve.kvtransfer.stats import TransferStats
 from pdserve.serving.metrics import (
@@ -102,14 +104,26 @@ class WorkerMetrics:
         transfer: TransferStats,
         num_recomputes: int,
     ) -> None:
-        tags = self._tags
+        # The engine thread updates `transfer` as we go: each figure is read once, and the
+        # increments and the next baseline both come from that one reading, so none is lost.
+        now = _Cumulative(
+            stats.prefix_cache_queries,
+            stats.prefix_cache_hits,
+            stats.num_preemptions,
+            transfer.bytes_moved,
+            transfer.transfer_seconds,
+            transfer.num_transfers,
+            transfer.num_leases_expired,
+            num_recomputes,
+        )
+        failures = dict(transfer.failures)
+        last, tags = self._last, self._tags
         self.running.set(stats.num_running, tags)
         self.waiting.set(stats.num_waiting, tags)
         self.kv_usage.set(stats.kv_cache_usage, tags)
-        last = self._last
-        _inc(self.prefix_queries, stats.prefix_cache_queries - last.prefix_cache_queries, tags)
-        _inc(self.prefix_hits, stats.prefix_cache_hits - last.prefix_cache_hits, tags)
-        _inc(self.preemptions, stats.num_preemptions - last.num_preemptions, tags)
+        _inc(self.prefix_queries, now.prefix_cache_queries - last.prefix_cache_queries, tags)
+        _inc(self.prefix_hits, now.prefix_cache_hits - last.prefix_cache_hits, tags)
+        _inc(self.preemptions, now.num_preemptions - last.num_preemptions, tags)
         _inc(self.prompt_tokens, work.num_prompt_tokens, tags)
         _inc(self.generation_tokens, work.num_generation_tokens, tags)
         for n in work.iteration_tokens:
@@ -122,38 +136,25 @@ class WorkerMetrics:
             self.prefill_time.observe(done.prefill_time, tags)
             self.decode_time.observe(done.decode_time, tags)
             self.engine_e2e.observe(done.e2e_time, tags)
-        self._record_transfers(transfer, num_recomputes)
-        self._last = _Cumulative(
-            stats.prefix_cache_queries,
-            stats.prefix_cache_hits,
-            stats.num_preemptions,
-            transfer.bytes_moved,
-            transfer.transfer_seconds,
-            transfer.num_transfers,
-            transfer.num_leases_expired,
-            num_recomputes,
-        )
+        self._record_transfers(now, failures)
+        self._last, self._last_failures = now, failures
 
-    def _record_transfers(self, transfer: TransferStats, num_recomputes: int) -> None:
+    def _record_transfers(self, now: _Cumulative, failures: dict[str, int]) -> None:
         tags, last = {**self._tags, "backend": self._backend}, self._last
-        num_new = transfer.num_transfers - last.kv_transfers
+        num_new = now.kv_transfers - last.kv_transfers
         _inc(self.kv_transfers, num_new, tags)
-        _inc(self.kv_bytes, transfer.bytes_moved - last.kv_bytes, tags)
+        _inc(self.kv_bytes, now.kv_bytes - last.kv_bytes, tags)
         if num_new:  # the mean of the new ones: the connector keeps sums, not each transfer
-            mean = (transfer.transfer_seconds - last.kv_seconds) / num_new
+            mean = (now.kv_seconds - last.kv_seconds) / num_new
             for _ in range(num_new):
                 self.kv_seconds.observe(mean, tags)
-        _inc(self.kv_leases_expired, transfer.num_leases_expired - last.kv_leases_expired, tags)
-        _inc(self.kv_recomputes, num_recomputes - last.kv_recomputes, tags)
-        for reason, count in transfer.failures.items():
-            _inc(
-                self.kv_failures,
-                count - self._last_failures.get(reason, 0),
-                {**tags, "reason": reason},
-            )
-        self._last_failures = dict(transfer.failures)
+        _inc(self.kv_leases_expired, now.kv_leases_expired - last.kv_leases_expired, tags)
+        _inc(self.kv_recomputes, now.kv_recomputes - last.kv_recomputes, tags)
+        for reason, count in failures.items():
+            new = count - self._last_failures.get(reason, 0)
+            _inc(self.kv_failures, new, {**tags, "reason": reason})
 
 
-def _inc(metric, amount: float, tags: dict[str, str]) -> None:
+def _inc(metric: metrics.Counter, amount: float, tags: dict[str, str]) -> None:
     if amount > 0:  # Ray refuses non-positive increments
         metric.inc(amount, tags)
