@@ -22,6 +22,11 @@ STOP_TIMEOUT_S = 10.0
 POLL_S = 0.2
 
 
+def local_url(port: int) -> str:
+    """Where a ``PrometheusServer`` on ``port`` answers."""
+    return f"http://127.0.0.1:{port}"
+
+
 class PrometheusNotInstalled(RuntimeError):
     pass
 
@@ -42,7 +47,7 @@ class PrometheusServer:
 
     def __init__(self, port: int = DEFAULT_PROMETHEUS_PORT, config: Path = CONFIG) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = local_url(port)
         self._data = tempfile.mkdtemp(prefix="pdserve-prometheus-")
         self._log = open(Path(self._data) / "prometheus.log", "wb")  # noqa: SIM115
         self._process = subprocess.Popen(

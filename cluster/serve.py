@@ -10,7 +10,7 @@ import signal
 import threading
 from pathlib import Path
 
-from pdserve.cluster.prometheus import PrometheusServer, prometheus_binary
+from pdserve.cluster.prometheus import PrometheusServer, local_url, prometheus_binary
 from pdserve.cluster.serve_env import apply_serve_env
 from pdserve.serving.config import (
     DEFAULT_GRPC_PORT,
@@ -72,15 +72,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    """The config from ``--config`` or the flags; a planner (``--planner``, or enabled in the
+    file) without a Prometheus of its own reads the one ``run`` starts."""
     config = _from_file_or_flags(args)
-    if not args.planner:
+    if not (args.planner or config.planner.enabled):
         return config
     raw = config.model_dump()
     planner = raw["planner"]
     planner["enabled"] = True
-    planner["prometheus_url"] = planner["prometheus_url"] or (
-        f"http://127.0.0.1:{args.prometheus_port}"
-    )
+    planner["prometheus_url"] = planner["prometheus_url"] or local_url(args.prometheus_port)
     planner["profile"] = args.profile or planner["profile"] or _profile(config.models[0].path)
     return ClusterConfig.model_validate(raw)
 
@@ -173,7 +173,9 @@ def run(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    with_prometheus = args.prometheus or args.planner
+    with_prometheus = args.prometheus or config.planner.prometheus_url == local_url(
+        args.prometheus_port
+    )
     if with_prometheus:
         prometheus_binary()  # before the cluster starts: a missing package fails at once
     start(config, args.address, dashboard=with_prometheus)

@@ -7,14 +7,16 @@ from dataclasses import dataclass, field
 @dataclass
 class TransferStats:
     num_transfers: int = 0  # completed, both directions
-    num_failures: int = 0  # failed or timed out
-    failures: Counter[str] = field(default_factory=Counter)  # by reason, as in ``fail``
+    failures: Counter[str] = field(default_factory=Counter)  # failed or timed out, by reason
     bytes_moved: int = 0
     transfer_seconds: float = 0.0  # summed over completed transfers, post to done
     num_descriptors: int = 0  # one per block moved
     num_leases_expired: int = 0
 
+    @property
+    def num_failures(self) -> int:
+        return self.failures.total()
+
     def fail(self, reason: str) -> None:
         """Counts a failed transfer: "lease_expired", "timeout" or "error"."""
-        self.num_failures += 1
         self.failures[reason] += 1

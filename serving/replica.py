@@ -48,6 +48,7 @@ def replica_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
         "kv_pinned_blocks": connector.num_pinned_blocks,
         "kv_transfer_failures": engine.num_transfer_failures,
         **{f"kv_{name}": value for name, value in vars(connector.stats).items()},
+        "kv_num_failures": connector.stats.num_failures,
     }
 
 
