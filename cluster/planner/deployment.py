@@ -102,17 +102,22 @@ class Planner:
 
     def plan(self) -> None:
         seen = self.source.observe(list(self.planners), max(self.interval_s, MIN_WINDOW_S))
+        running_now = self.scaler.running()
         for name, planner in self.planners.items():
-            decision = planner.step(seen[name], self.current[name])
-            served = self.models[name]
-            pools = [("decode", decision.decode)]
-            if served.disaggregated:
-                pools.insert(0, ("prefill", decision.prefill))
+            current = self.current[name]
+            decision = planner.step(seen[name], current)
+            pools = [
+                ("prefill", decision.prefill, current[0]),
+                ("decode", decision.decode, current[1]),
+            ]
+            if not self.models[name].disaggregated:
+                pools = pools[1:]
             running = {}
-            for pool, target in pools:
+            for pool, target, before in pools:
                 deployment = f"{pool}-{name}"
-                self.scaler.scale(deployment, target)
-                running[pool] = self.scaler.running(deployment)
+                if target != before:
+                    self.scaler.scale(deployment, target)
+                running[pool] = running_now[deployment]
             self.current[name] = (decision.prefill, decision.decode)
             self.metrics.record(name, seen[name], decision, running, planner.corrections)
             logger.info("planner: %s", decision.reason)

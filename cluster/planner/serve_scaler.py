@@ -28,9 +28,9 @@ class ServeScaler:
             timeout=CONTROLLER_TIMEOUT_S,
         )
 
-    def running(self, deployment: str) -> int:
-        """How many of the deployment's replicas are running now."""
+    def running(self) -> dict[str, int]:
+        """How many replicas of each of the app's deployments are running now."""
         from ray import serve
 
-        status = serve.status().applications[self.app_name].deployments[deployment]
-        return status.replica_states.get("RUNNING", 0)
+        deployments = serve.status().applications[self.app_name].deployments
+        return {name: d.replica_states.get("RUNNING", 0) for name, d in deployments.items()}
