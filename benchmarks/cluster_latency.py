@@ -20,7 +20,6 @@ import asyncio
 import math
 import os
 import random
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -81,12 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-rounds", type=int, default=0, help="aggregated runs with metrics off, then on"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    parser.add_argument(
+        "--address", help="deploy on this running Ray cluster (its app is deleted at the end)"
+    )
+    parser.add_argument("--http-port", type=int, help="Serve's (default: a free one)")
+    parser.add_argument("--grpc-port", type=int, help="Serve's (default: a free one)")
 
 
 def cluster_config(
@@ -102,16 +100,6 @@ def cluster_config(
         "routing": {"local_prefill_max_tokens": args.local_prefill_max_tokens},
     }
     return ClusterConfig(models=[model], http_port=ports[0], grpc_port=ports[1])
-
-
-def redeploy(config: ClusterConfig) -> None:
-    """Replaces the running app by ``config``'s, with fresh replicas (empty prefix caches)."""
-    from ray import serve
-
-    from pdserve.cluster.app import build_app
-    from pdserve.cluster.serve import APP_NAME
-
-    serve.run(build_app(config.model_dump()), name=APP_NAME, route_prefix="/")
 
 
 T = TypeVar("T")
@@ -212,11 +200,13 @@ def metrics_rounds(
     """The aggregated run with metrics off and on, ``args.metrics_rounds`` times, in the order
     off-on, on-off, ...: a redeploy's old replicas may still be stopping while the next run
     starts, which must not always fall on the same side."""
+    from pdserve.cluster.serve import deploy
+
     runs: dict[bool, list[Summary]] = {False: [], True: []}
     for round_ in range(args.metrics_rounds):
         for metrics in (False, True) if round_ % 2 == 0 else (True, False):
             config = cluster_config(args, 0, ports, metrics)
-            redeploy(config)
+            deploy(config)
             runs[metrics].append(measure_cluster(config, workload, warmup, offsets).summary)
     return runs
 
@@ -320,7 +310,7 @@ def print_report(
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdserve.cluster.serve import start, stop
+    from pdserve.cluster.serve import deploy, free_port, start, stop
 
     torch.set_num_threads(args.threads)
     if not (args.model / "config.json").exists():
@@ -340,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.overhead_requests)
     ]
     offsets = arrival_offsets(len(workload), args.request_rate, args.seed)
-    ports = (_free_port(), _free_port())
+    ports = (args.http_port or free_port(), args.grpc_port or free_port())
     configs = {name: cluster_config(args, n, ports) for name, n in CLUSTERS.items()}
     load_before = os.getloadavg()[0]
     # The replicas build their engines from the same section of the cluster config.
@@ -350,11 +340,11 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(warm_up(send, warmup))
         runs = {"offline": asyncio.run(measure(send, workload, offsets))}
         # "local": a Ray of our own, never one that `ray start` left running on this machine.
-        start(configs["aggregated"], address="local")
+        start(configs["aggregated"], address=args.address or "local")
         try:
             aggregated = measure_cluster(configs["aggregated"], workload, warmup, offsets)
             overhead = router_overhead(engine, configs["aggregated"], overhead_prompts)
-            redeploy(configs["disaggregated"])
+            deploy(configs["disaggregated"])  # fresh replicas: empty prefix caches
             disaggregated = measure_cluster(configs["disaggregated"], workload, warmup, offsets)
             metrics = metrics_rounds(args, ports, workload, warmup, offsets)
         finally:

@@ -179,6 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the copies")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--timeout", type=float, default=TIMEOUT_SECONDS, help="per transfer, s")
+    parser.add_argument("--address", help="run the two actors on this running Ray cluster")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -202,7 +203,9 @@ def run(args: argparse.Namespace) -> int:
     dst = allocate_kv_cache(model, engine, 2 * max_blocks)
     block_bytes = kv_block_bytes(model, args.block_size, engine.torch_dtype)
     load_before = os.getloadavg()[0]
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local": a Ray of our own, never one that `ray start` left running on this machine.
+    own = {} if args.address else {"num_cpus": 2, "include_dashboard": False}
+    ray.init(address=args.address or "local", log_to_driver=False, **own)
     try:
         owner, reader = peers.start_peers(str(args.model), max_blocks, args)
         actor_threads = ray.get(owner.num_threads.remote())

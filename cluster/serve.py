@@ -6,7 +6,9 @@ one prefill and one decode replica behind the router. ``--config`` takes a deplo
 """
 
 import argparse
+import random
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -30,6 +32,9 @@ METRICS_REPORT_INTERVAL_MS = 2000
 _joined = False  # whether `start` joined a running cluster (else it started a local one)
 PROFILE_FILE = "pdserve-profile.json"
 DEFAULT_MAX_REPLICAS = 4
+# Ports for free_port: above Ray's worker ports (10002-19999 by default), below Serve's
+# direct-ingress ports (30000+) and Linux's ephemeral ports (32768+).
+FREE_PORT_RANGE = (20000, 30000)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,18 +127,42 @@ def _from_file_or_flags(args: argparse.Namespace) -> ClusterConfig:
 
 
 def start(config: ClusterConfig, address: str | None = None, dashboard: bool = False) -> None:
-    """Starts (or joins) Ray, then Serve's HTTP and gRPC proxies, and deploys the app.
+    """Starts (or joins) Ray, then Serve's HTTP and gRPC proxies, and deploys the app."""
+    connect(address, dashboard)
+    start_proxies(config.http_host, config.http_port, config.grpc_port)
+    deploy(config)
+
+
+def free_port() -> int:
+    """A TCP port free on every interface now, from ``FREE_PORT_RANGE``.
+
+    The kernel's own choice (bind to port 0) comes from the ephemeral range, where the many
+    outgoing connections of a Ray cluster also take their local ports: one of them may hold the
+    port by the time Serve binds it.
+    """
+    for port in random.sample(range(*FREE_PORT_RANGE), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {FREE_PORT_RANGE}")
+
+
+def connect(
+    address: str | None = None, dashboard: bool = False, env_vars: dict[str, str] | None = None
+) -> None:
+    """Connects this process to Ray: a new local cluster by default, else the one at ``address``.
 
     A new local cluster exports metrics every ``METRICS_REPORT_INTERVAL_MS``; ``dashboard`` starts
-    Ray's dashboard on loopback, which writes the service-discovery file Prometheus reads.
+    Ray's dashboard on loopback, which writes the service-discovery file Prometheus reads. The
+    processes of this job (Serve's among them, if it starts them) get Serve's settings and
+    ``env_vars``.
     """
     import ray
-    from ray import serve
-    from ray.serve.config import gRPCOptions
 
-    from pdserve.cluster.app import build_app
-
-    env_vars = apply_serve_env()
+    env_vars = apply_serve_env() | (env_vars or {})
     # "local": a new cluster, never one a stray `ray start` left behind.
     global _joined
     _joined = address is not None and address != "local"
@@ -145,10 +174,29 @@ def start(config: ClusterConfig, address: str | None = None, dashboard: bool = F
         runtime_env={"env_vars": env_vars},
         **({} if _joined else local),
     )
+
+
+def start_proxies(
+    http_host: str, http_port: int, grpc_port: int, location: str = "EveryNode"
+) -> None:
+    """Starts Serve with its HTTP and gRPC proxies (on a cluster where Serve runs already, Serve
+    keeps the ports it has and warns if these differ)."""
+    from ray import serve
+    from ray.serve.config import gRPCOptions
+
     serve.start(
-        http_options={"host": config.http_host, "port": config.http_port},
-        grpc_options=gRPCOptions(port=config.grpc_port, grpc_servicer_functions=[GRPC_SERVICER]),
+        proxy_location=location,
+        http_options={"host": http_host, "port": http_port},
+        grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=[GRPC_SERVICER]),
     )
+
+
+def deploy(config: ClusterConfig) -> None:
+    """Deploys (or updates in place) the app for ``config`` on the running Serve."""
+    from ray import serve
+
+    from pdserve.cluster.app import build_app
+
     serve.run(
         build_app(config.model_dump()),
         name=APP_NAME,
@@ -159,12 +207,13 @@ def start(config: ClusterConfig, address: str | None = None, dashboard: bool = F
 
 def stop() -> None:
     """Ends what ``start`` began: a local cluster goes down whole (Serve's own shutdown waits 30 s
-    on its controller for nothing); on a joined cluster only Serve stops."""
+    on its controller for nothing); on a joined cluster only our app is deleted, since other apps
+    may share its Serve."""
     import ray
     from ray import serve
 
     if _joined:
-        serve.shutdown()
+        serve.delete(APP_NAME)
     ray.shutdown()
 
 

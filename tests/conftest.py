@@ -18,6 +18,7 @@ from pdserve.cluster.serve_env import apply_serve_env
 
 if TYPE_CHECKING:
     from pdserve.engine.llm_engine import LLMEngine
+    from pdserve.tests.ray_cluster import SessionCluster
 
 # The tests' clusters run Serve as `pdserve serve` does; this must come before ray.serve's import.
 apply_serve_env()
@@ -32,6 +33,22 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pdserve.cluster.make_model import make_model
 
     return make_model("tiny", tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator["SessionCluster"]:
+    """The session's one Ray cluster with Serve (tests/ray_cluster.py), started on first use."""
+    from pdserve.tests.ray_cluster import session_cluster
+
+    with session_cluster() as cluster:
+        yield cluster
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start a Ray cluster of their own (``pdserve serve`` as a user runs it) go first,
+    before the session's cluster exists: two clusters at once would share Ray's files in /tmp/ray
+    (Prometheus' service-discovery file among them)."""
+    items.sort(key=lambda item: not item.get_closest_marker("own_ray_cluster"))
 
 
 @pytest.fixture

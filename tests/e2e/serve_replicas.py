@@ -1,18 +1,11 @@
-"""For tests that run a pdserve app: free ports, the tokens a response carries, and each worker
-replica's stats."""
+"""For tests that run a pdserve app: the tokens a response carries, and each worker replica's
+stats."""
 
-import socket
 import time
 
 from ray import serve
 
 from pdserve.cluster.serve import APP_NAME
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def token_ids(tokens: list[str]) -> list[int]:

@@ -21,12 +21,12 @@ import ray
 import torch
 from ray import serve
 
-from pdserve.cluster.serve import APP_NAME, start, stop
+from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.grpc_service import pb, pb_grpc
-from pdserve.serving.config import DEFAULT_ROUTING_STATS_PERIOD_S, ClusterConfig
-from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, token_ids, wait_all_free
+from pdserve.serving.config import DEFAULT_ROUTING_STATS_PERIOD_S
+from pdserve.tests.e2e.serve_replicas import replica_stats, token_ids, wait_all_free
 from pdserve.tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -41,24 +41,17 @@ GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir):
-    config = ClusterConfig(
-        models=[
-            {
-                "name": MODEL,
-                "path": str(tiny_model_dir),
-                "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
-                "prefill": {"replicas": 1},
-                "decode": {"replicas": 2},
-                "routing": {"local_prefill_max_tokens": LOCAL_MAX},
-            }
-        ],
-        http_port=free_port(),
-        grpc_port=free_port(),
-    )
-    start(config)
-    yield config
-    stop()
+def cluster(ray_cluster, tiny_model_dir):
+    model = {
+        "name": MODEL,
+        "path": str(tiny_model_dir),
+        "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 2},
+        "routing": {"local_prefill_max_tokens": LOCAL_MAX},
+    }
+    with ray_cluster.serving(ray_cluster.config([model])) as config:
+        yield config
 
 
 @pytest.fixture(scope="module")

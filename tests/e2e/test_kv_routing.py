@@ -9,12 +9,11 @@ half of the time. Measured in the prefill replicas' own prefix-cache counters.
 import openai
 import pytest
 import torch
-from ray import serve
 
-from pdserve.cluster.app import build_app
-from pdserve.cluster.serve import APP_NAME, start, stop
+from pdserve.cluster.serve import deploy
 from pdserve.serving.config import ClusterConfig
-from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, wait_all_free
+from pdserve.tests.e2e.serve_replicas import replica_stats, wait_all_free
+from pdserve.tests.ray_cluster import SessionCluster
 
 pytestmark = pytest.mark.slow
 
@@ -28,21 +27,16 @@ SUFFIX_TOKENS = 48
 POOLS = {f"prefill-{MODEL}": 2, f"decode-{MODEL}": 1}
 
 
-def _config(model_dir, policy: str, http_port: int) -> ClusterConfig:
-    return ClusterConfig(
-        models=[
-            {
-                "name": MODEL,
-                "path": str(model_dir),
-                "engine": {"num_kv_blocks": 1024},
-                "prefill": {"replicas": 2},
-                "decode": {"replicas": 1},
-                "routing": {"policy": policy, "local_prefill_max_tokens": 16},
-            }
-        ],
-        http_port=http_port,
-        grpc_port=free_port(),
-    )
+def _config(cluster: SessionCluster, model_dir, policy: str) -> ClusterConfig:
+    model = {
+        "name": MODEL,
+        "path": str(model_dir),
+        "engine": {"num_kv_blocks": 1024},
+        "prefill": {"replicas": 2},
+        "decode": {"replicas": 1},
+        "routing": {"policy": policy, "local_prefill_max_tokens": 16},
+    }
+    return cluster.config([model])
 
 
 def _prefill_hits() -> int:
@@ -69,16 +63,12 @@ def _run_families(http_port: int, seed: int) -> int:
     return _prefill_hits() - before
 
 
-def test_kv_aware_routing_beats_power_of_two_on_cached_tokens(tiny_model_dir):
-    http_port = free_port()
-    start(_config(tiny_model_dir, "kv_aware", http_port))
-    try:
+def test_kv_aware_routing_beats_power_of_two_on_cached_tokens(ray_cluster, tiny_model_dir):
+    http_port = ray_cluster.http_port
+    with ray_cluster.serving(_config(ray_cluster, tiny_model_dir, "kv_aware")):
         kv_aware = _run_families(http_port, seed=1)
-        baseline_config = _config(tiny_model_dir, "power_of_two", http_port)
-        serve.run(build_app(baseline_config.model_dump()), name=APP_NAME, route_prefix="/")
+        deploy(_config(ray_cluster, tiny_model_dir, "power_of_two"))
         power_of_two = _run_families(http_port, seed=2)  # new prefixes: no help from phase 1
-    finally:
-        stop()
     every_later_request = NUM_FAMILIES * (REQUESTS_PER_FAMILY - 1) * PREFIX_TOKENS
     assert kv_aware == every_later_request, (kv_aware, power_of_two)
     assert power_of_two < kv_aware, (kv_aware, power_of_two)

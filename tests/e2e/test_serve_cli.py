@@ -15,9 +15,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from pdserve.tests.e2e.serve_replicas import free_port
+from pdserve.cluster.serve import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_ray_cluster]
 
 STARTUP_TIMEOUT_S = 240.0
 EXIT_TIMEOUT_S = 60.0

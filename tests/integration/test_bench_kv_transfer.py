@@ -1,11 +1,13 @@
-"""The KV-transfer benchmark, end to end at a tiny size: every mode runs and lands bit-identical."""
+"""The KV-transfer benchmark, end to end at a tiny size on the session's cluster: every mode runs
+and lands bit-identical."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pdserve.benchmarks import kv_transfer as bench
-from pdserve.cluster import cli
 
 TOKENS = (16, 64)  # 1 and 4 blocks of 16 tokens
 
@@ -16,14 +18,17 @@ def test_reader_block_ids_are_distinct_and_not_the_owners() -> None:
     assert ids != list(range(64)) and ids == bench.reader_block_ids(64, seed=0)
 
 
-@pytest.mark.slow  # Ray and two actors: ~45 s on a busy 2-core machine
-def test_every_mode_reports_and_lands_bit_identical(
-    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv = ["--model", str(tiny_model_dir), "--repeats", "1", "--warmup", "1", "--tokens"]
-    assert cli.main(["bench", "kv-transfer", *argv, *map(str, TOKENS)]) == 0
+@pytest.mark.slow  # two actors: ~15 s on a busy 2-core machine
+def test_every_mode_reports_and_lands_bit_identical(ray_cluster, tiny_model_dir: Path) -> None:
+    pdserve = Path(sys.executable).with_name("pdserve")
+    argv = ["--model", str(tiny_model_dir), "--repeats", "1", "--warmup", "1"]
+    argv += ["--address", ray_cluster.address, "--tokens", *map(str, TOKENS)]
+    run = subprocess.run(
+        [str(pdserve), "bench", "kv-transfer", *argv], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ")]
     modes = [bench.COPY, bench.INDEXED_COPY, *bench.TRANSFERS]
     for tokens in TOKENS:
         for mode in modes:

@@ -33,10 +33,8 @@ BACKENDS = [
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def _on_ray(ray_cluster) -> None:
+    """The peers are actors on the session's cluster."""
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +57,21 @@ def readers(tiny_model_dir):
             enable_prefix_caching=False,
         )
         actors[backend].occupy.remote(7)
-    return actors
+    yield actors
+    _kill_all(actors)
 
 
 @pytest.fixture(scope="module")
 def owners(tiny_model_dir, readers):
-    return {backend: owner_for(tiny_model_dir, readers, backend) for backend in readers}
+    actors = {backend: owner_for(tiny_model_dir, readers, backend) for backend in readers}
+    yield actors
+    _kill_all(actors)
+
+
+def _kill_all(actors: dict) -> None:
+    """The session's cluster outlives the module: its actors must not."""
+    for actor in actors.values():
+        ray.kill(actor)
 
 
 def owner_for(model_dir, readers, backend, **args):

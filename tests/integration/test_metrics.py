@@ -1,11 +1,12 @@
 """Metrics through Ray's pipeline to a real Prometheus server, and ``GET /metrics``.
 
-Two models on one cluster: ``tiny`` disaggregated (1 prefill + 1 decode replica), ``tiny-agg``
+Two models on the session's cluster: one disaggregated (1 prefill + 1 decode replica), one
 aggregated with a small KV cache, so a burst preempts. A known workload goes through HTTP; then
 Prometheus' query API must return exactly its token totals and request count per model, the KV
 usage must fall back to 0, and the preemptions and prefix-cache hits the workload forced must
-show. Every PromQL expression of the rules and the dashboard must run and name only metrics the
-cluster exports.
+show. Names of their own keep other modules' models, whose series the cluster may still export,
+out of the sums. Every PromQL expression of the rules and the dashboard must run and name only
+metrics the cluster exports.
 """
 
 import asyncio
@@ -25,12 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve.cluster.planner.deployment import PlannerMetrics
 from pdserve.cluster.prometheus import PrometheusServer
-from pdserve.cluster.serve import start, stop
+from pdserve.cluster.serve import free_port
 from pdserve.router.metrics import RouterMetrics
 from pdserve.serving import metrics
-from pdserve.serving.config import ClusterConfig
 from pdserve.serving.worker_metrics import WorkerMetrics
-from pdserve.tests.e2e.serve_replicas import free_port, wait_all_free
+from pdserve.tests.e2e.serve_replicas import wait_all_free
 
 pytestmark = [
     pytest.mark.slow,
@@ -41,7 +41,7 @@ pytestmark = [
 ]
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-DISAGG, AGG = "tiny", "tiny-agg"
+DISAGG, AGG = "metrics-disagg", "metrics-agg"
 LOCAL_MAX = 32
 AGG_KV_BLOCKS = 24  # 384 tokens: four 160-token requests at once do not fit
 # (prompt length, max_tokens): long prompts go to the prefill pool, short ones stay local.
@@ -57,30 +57,25 @@ def _prompt(seed: int, length: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir):
-    config = ClusterConfig(
-        models=[
-            {
-                "name": DISAGG,
-                "path": str(tiny_model_dir),
-                "engine": {"num_kv_blocks": 256},
-                "routing": {"local_prefill_max_tokens": LOCAL_MAX},
-            },
-            {
-                "name": AGG,
-                "path": str(tiny_model_dir),
-                "engine": {"num_kv_blocks": AGG_KV_BLOCKS},
-                "prefill": {"replicas": 0},
-            },
-        ],
-        http_port=free_port(),
-        grpc_port=free_port(),
-    )
-    start(config, dashboard=True)
-    prometheus = PrometheusServer(free_port())
-    yield config, prometheus
-    prometheus.stop()
-    stop()
+def cluster(ray_cluster, tiny_model_dir):
+    models = [
+        {
+            "name": DISAGG,
+            "path": str(tiny_model_dir),
+            "engine": {"num_kv_blocks": 256},
+            "routing": {"local_prefill_max_tokens": LOCAL_MAX},
+        },
+        {
+            "name": AGG,
+            "path": str(tiny_model_dir),
+            "engine": {"num_kv_blocks": AGG_KV_BLOCKS},
+            "prefill": {"replicas": 0},
+        },
+    ]
+    with ray_cluster.serving(ray_cluster.config(models)) as config:
+        prometheus = PrometheusServer(free_port())
+        yield config, prometheus
+        prometheus.stop()
 
 
 async def _complete(client: openai.AsyncOpenAI, model: str, prompt: list[int], n: int) -> dict:
@@ -127,7 +122,13 @@ def _query(prometheus: PrometheusServer, promql: str) -> list[dict]:
 
 
 def _by_model(prometheus: PrometheusServer, promql: str) -> dict[str, float]:
-    return {r["metric"]["model_name"]: float(r["value"][1]) for r in _query(prometheus, promql)}
+    """The result's value per model of this module."""
+    results = _query(prometheus, promql)
+    return {
+        r["metric"]["model_name"]: float(r["value"][1])
+        for r in results
+        if r["metric"]["model_name"] in (DISAGG, AGG)
+    }
 
 
 def _wait_for(prometheus: PrometheusServer, promql: str, want: dict[str, float]) -> None:
@@ -182,7 +183,7 @@ def test_metrics_page_parses_and_matches_the_usage(cluster, totals):
         for family in text_string_to_metric_families(page):
             assert family.name.startswith("ray_pdserve_"), family.name
             for sample in family.samples:
-                if sample.name in (
+                if sample.labels.get("model_name") in (DISAGG, AGG) and sample.name in (
                     "ray_pdserve_prompt_tokens_total",
                     "ray_pdserve_generation_tokens_total",
                 ):

@@ -1,35 +1,34 @@
 """The disaggregated cluster across Ray nodes: prefill and decode replicas placed on different
-simulated nodes of a ``ray.cluster_utils.Cluster`` by custom resources, KV pulled over NIXL.
+simulated nodes of the session's ``ray.cluster_utils.Cluster`` (tests/ray_cluster.py) by custom
+resources, KV pulled over NIXL.
 
-The head node carries no custom resource (Serve's controller and the router ask for none, and
-Serve runs a proxy on every node); one worker node offers ``prefill_node`` and the other
-``decode_node``, and each pool asks for its own. Every prompt is long enough to take the remote
-path, so each decode pulls the prompt's KV from the other node. The nodes of a local ``Cluster``
+The head node carries no custom resource (Serve's controller and the router ask for none); one
+worker node offers ``prefill_node`` and the other ``decode_node``, and each pool asks for its
+own. Every prompt is long enough to take the remote path, so each decode pulls the prompt's KV
+from the other node. The nodes of a local ``Cluster``
 are separate raylets, but all on this host: NIXL (UCX) moves the blocks between two processes on
 one machine, not over a network.
 """
 
 import openai
 import pytest
-import ray
 import torch
 from ray import serve
-from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from pdserve.cluster.serve import APP_NAME, start
+from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kvtransfer.nixl_shim import nixl_available
-from pdserve.serving.config import ClusterConfig
-from pdserve.tests.e2e.serve_replicas import free_port, replica_stats, token_ids, wait_all_free
+from pdserve.tests.e2e.serve_replicas import replica_stats, token_ids, wait_all_free
+from pdserve.tests.ray_cluster import POOL_RESOURCES
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not nixl_available(), reason="NIXL not importable"),
 ]
 
-MODEL = "tiny"
+MODEL = "multinode-tiny"
 VOCAB_SIZE = 4096  # the tiny preset's
 NUM_KV_BLOCKS = 128
 LOCAL_MAX = 64  # local_prefill_max_tokens: every prompt below goes remote
@@ -37,57 +36,24 @@ PROMPT_LENGTHS = [100, 257, 420]
 MAX_TOKENS = 6
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": 0}
 GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
-NODE_CPUS = 1  # logical: Serve's actors and the pools ask for none
-PREFILL_RESOURCE, DECODE_RESOURCE = "prefill_node", "decode_node"
 REQUEST_TIMEOUT_S = 300.0  # generous: replicas start slowly on a busy two-core machine
 IDLE_TIMEOUT_S = 120.0
 POOLS = {f"prefill-{MODEL}": 1, f"decode-{MODEL}": 1}
 
 
 @pytest.fixture(scope="module")
-def nodes():
-    """A head node and two worker nodes, one per pool; yields the cluster and the workers' ids."""
-    cluster = Cluster(
-        initialize_head=True,
-        # The dashboard serves the state API that says where each replica actor runs.
-        head_node_args={
-            "num_cpus": NODE_CPUS,
-            "include_dashboard": True,
-            "dashboard_port": free_port(),
-        },
-    )
-    try:
-        prefill = cluster.add_node(num_cpus=NODE_CPUS, resources={PREFILL_RESOURCE: 1})
-        decode = cluster.add_node(num_cpus=NODE_CPUS, resources={DECODE_RESOURCE: 1})
-        cluster.wait_for_nodes()
-        yield cluster, {"prefill": prefill.node_id, "decode": decode.node_id}
-    finally:
-        cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def served(nodes, tiny_model_dir):
-    cluster, _ = nodes
-    config = ClusterConfig(
-        models=[
-            {
-                "name": MODEL,
-                "path": str(tiny_model_dir),
-                "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
-                "prefill": {"replicas": 1, "resources": {PREFILL_RESOURCE: 1}},
-                "decode": {"replicas": 1, "resources": {DECODE_RESOURCE: 1}},
-                "routing": {"local_prefill_max_tokens": LOCAL_MAX},
-                "kv_transfer": {"backend": "nixl"},
-            }
-        ],
-        http_port=free_port(),
-        grpc_port=free_port(),
-    )
-    start(config, address=cluster.address)
-    try:
+def served(ray_cluster, tiny_model_dir):
+    model = {
+        "name": MODEL,
+        "path": str(tiny_model_dir),
+        "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
+        "prefill": {"replicas": 1, "resources": {POOL_RESOURCES["prefill"]: 1}},
+        "decode": {"replicas": 1, "resources": {POOL_RESOURCES["decode"]: 1}},
+        "routing": {"local_prefill_max_tokens": LOCAL_MAX},
+        "kv_transfer": {"backend": "nixl"},
+    }
+    with ray_cluster.serving(ray_cluster.config([model])) as config:
         yield config
-    finally:
-        ray.shutdown()  # the driver only: `nodes` takes the whole cluster down
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +91,9 @@ def _replica_node(address: str, pool: str) -> str:
     return actor.node_id
 
 
-def test_pools_run_on_their_own_nodes(nodes, served):
-    cluster, node_ids = nodes
-    placed = {pool: _replica_node(cluster.address, pool) for pool in ("prefill", "decode")}
-    assert placed == node_ids
+def test_pools_run_on_their_own_nodes(ray_cluster, served):
+    placed = {pool: _replica_node(ray_cluster.address, pool) for pool in ("prefill", "decode")}
+    assert placed == ray_cluster.node_ids
     assert placed["prefill"] != placed["decode"]
 
 

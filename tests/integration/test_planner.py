@@ -20,11 +20,10 @@ from ray import serve
 
 from pdserve.cluster import cli
 from pdserve.cluster.prometheus import PrometheusServer
-from pdserve.cluster.serve import APP_NAME, start, stop
+from pdserve.cluster.serve import APP_NAME, free_port
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.serving.config import ClusterConfig
-from pdserve.tests.e2e.serve_replicas import free_port, token_ids
+from pdserve.tests.e2e.serve_replicas import token_ids
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,7 +33,7 @@ pytestmark = [
     ),
 ]
 
-MODEL = "tiny"
+MODEL = "planner-tiny"  # a name of its own: the cluster may export other modules' series
 INTERVAL_S = 5.0
 PROMPT_LEN, MAX_TOKENS = 512, 64
 TTFT_MS, ITL_MS = 150, 15
@@ -54,35 +53,30 @@ def profile(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, profile: Path):
+def cluster(ray_cluster, tiny_model_dir: Path, profile: Path):
     prometheus_port = free_port()
     pool = {"replicas": 1, "min_replicas": 1, "max_replicas": 3}
-    config = ClusterConfig(
-        models=[
-            {
-                "name": MODEL,
-                "path": str(tiny_model_dir),
-                "engine": {"num_kv_blocks": 2048},
-                "prefill": pool,
-                "decode": pool,
-                "routing": {"local_prefill_max_tokens": 64},
-                "sla": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
-            }
-        ],
-        http_port=free_port(),
-        grpc_port=free_port(),
-        planner={
-            "enabled": True,
-            "interval_s": INTERVAL_S,
-            "prometheus_url": f"http://127.0.0.1:{prometheus_port}",
-            "profile": str(profile),
-        },
-    )
-    start(config, dashboard=True)
+    model = {
+        "name": MODEL,
+        "path": str(tiny_model_dir),
+        "engine": {"num_kv_blocks": 2048},
+        "prefill": pool,
+        "decode": pool,
+        "routing": {"local_prefill_max_tokens": 64},
+        "sla": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
+    }
+    planner = {
+        "enabled": True,
+        "interval_s": INTERVAL_S,
+        "prometheus_url": f"http://127.0.0.1:{prometheus_port}",
+        "profile": str(profile),
+    }
     prometheus = PrometheusServer(prometheus_port)
-    yield config
-    prometheus.stop()
-    stop()
+    try:
+        with ray_cluster.serving(ray_cluster.config([model], planner=planner)) as config:
+            yield config
+    finally:
+        prometheus.stop()
 
 
 def _replicas(states: tuple[str, ...] = ("RUNNING",)) -> dict[str, int]:
