@@ -5,13 +5,9 @@ from torch import nn
 
 
 def onednn_packing_helps(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether ``Linear.pack`` should be used: fp32 on a CPU with oneDNN, on more than one thread.
-
-    Measured on the 2-core dev VM (tiny preset, whole decode steps, blocks of 8 steps of each
-    layout alternated): on 2 threads packed weights make steps of 2-64 sequences 10-42% faster and
-    steps of 1 sequence 6% slower; on 1 thread they are 16% slower at batch 1 and no better above.
-    oneDNN packs bf16 only on CPUs with AVX512-BF16-class instructions, which the VM lacks.
-    """
+    """Whether ``Linear.pack`` should be used: fp32 on a CPU with oneDNN, on more than one thread
+    (where packed weights make decode steps of 2-64 sequences faster; on one thread they are not;
+    docs/benchmarks.md, "Measurements behind the code's choices")."""
     return (
         device.type == "cpu"
         and dtype == torch.float32
@@ -24,19 +20,17 @@ class Linear(nn.Module):
     """``y = x W^T + b`` like ``nn.Linear``, with W kept in an [in, out] contiguous buffer.
 
     ``torch.mm(x, W^T)`` over a contiguous [in, out] matrix is MKL's plain (non-transposed) sgemm,
-    which on the 2-core dev VM beat nn.Linear's product over [out, in] at the batches a decode
-    step has: the tiny preset's 17 products at 1/2/16/48 rows (1 thread) took 1.7/2.3/5.6/8.4 ms
-    against 2.6/5.1/6.8/11.1 ms. ``weight`` is still the [out, in] tensor checkpoints hold (a
-    transposed view of that buffer), so loading, tying and ``.to()`` see nn.Linear's shape.
+    faster than nn.Linear's product over [out, in] at the batches a decode step has. ``weight`` is
+    still the [out, in] tensor checkpoints hold (a transposed view of that buffer), so loading,
+    tying and ``.to()`` see nn.Linear's shape.
 
     A single input row (a decode step at batch 1) is a matrix-vector product, which MKL runs on
-    one thread whatever torch's thread count. Viewing the columns as one block per thread and
-    multiplying the blocks in one ``bmm`` spreads it over all threads: the small preset's products
-    take 29 ms that way on 2 threads against 34 ms in one ``mm``.
+    one thread whatever torch's thread count; viewing the columns as one block per thread and
+    multiplying the blocks in one ``bmm`` spreads it over all threads.
 
     After loading, ``pack`` can hand the weight to oneDNN in its blocked layout (what inductor
-    does for CPU linears). MKL's sgemm is slow at the 2-64 rows of a decode step: the tiny
-    preset's 17 products at 4 rows take 4.4 ms as ``mm`` and 1.6-2.1 ms packed (2 threads).
+    does for CPU linears), faster than MKL's sgemm at the 2-64 rows of a decode step. The figures
+    behind each choice: docs/benchmarks.md, "Measurements behind the code's choices".
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:

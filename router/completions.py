@@ -1,26 +1,15 @@
 """``/v1/completions``: prompts in, one choice per (prompt, n) out, whole or streamed."""
 
-import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 
 from pdserve.engine.outputs import CompletionOutput
+from pdserve.router.endpoint import Call
 from pdserve.router.engine_client import EngineClient
-from pdserve.router.engine_inputs import completion_budget, completion_prompts, sampling_params
+from pdserve.router.engine_inputs import completion_prompts
 from pdserve.router.logprobs import completion_logprobs
 from pdserve.router.openai_requests import CompletionRequest
 from pdserve.router.openai_responses import Completion, CompletionChoice, Usage
-from pdserve.router.request_group import RequestGroup, start_group
-
-
-async def _start(request: CompletionRequest, client: EngineClient, request_id: str) -> RequestGroup:
-    prompts = completion_prompts(request, client.tokenizer)
-    max_tokens = completion_budget(
-        request.max_tokens, [len(p) for p in prompts], client.max_model_len, "prompt"
-    )
-    params = sampling_params(
-        max_tokens=max_tokens, logprobs=request.logprobs, **request.sampling_kwargs()
-    )
-    return await start_group(client, request_id, prompts, params, request.priority)
+from pdserve.router.request_group import RequestGroup
 
 
 class _Choices:
@@ -61,53 +50,27 @@ class _Choices:
         )
 
 
-async def complete(request: CompletionRequest, client: EngineClient, request_id: str) -> Completion:
-    created = int(time.time())
-    group = await _start(request, client, request_id)
-    try:
-        async for _ in group:
-            pass
-    finally:
-        group.close()
-    choices = _Choices(request, client, group.n)
-    return Completion(
-        id=request_id,
-        created=created,
-        model=client.model_name,
-        choices=[choices.choice(i, output.outputs[0]) for i, output in enumerate(group.outputs)],
-        usage=Usage.of(group.token_counts()),
-    )
+class CompletionsEndpoint:
+    id_prefix = "cmpl"
 
+    async def start(self, call: Call[CompletionRequest]) -> RequestGroup:
+        request = call.request
+        prompts = completion_prompts(request, call.client.tokenizer)
+        return await call.start(prompts, request.max_tokens, request.logprobs, "prompt")
 
-async def stream_completion(
-    request: CompletionRequest, client: EngineClient, request_id: str
-) -> AsyncGenerator[Completion, None]:
-    """Starts the request (so refusals raise here, before any byte is sent), then returns its
-    chunks; closing them aborts the request."""
-    group = await _start(request, client, request_id)
-    return _chunks(request, client, request_id, group)
+    def response(self, call: Call[CompletionRequest], group: RequestGroup) -> Completion:
+        choices = _Choices(call.request, call.client, group.n)
+        whole = [choices.choice(i, out.outputs[0]) for i, out in enumerate(group.outputs)]
+        return call.body(Completion, whole, Usage.of(group.token_counts()))
 
-
-async def _chunks(
-    request: CompletionRequest, client: EngineClient, request_id: str, group: RequestGroup
-) -> AsyncGenerator[Completion, None]:
-    created = int(time.time())
-    choices = _Choices(request, client, group.n)
-    try:
+    async def chunks(
+        self, call: Call[CompletionRequest], group: RequestGroup
+    ) -> AsyncIterator[Completion]:
+        choices = _Choices(call.request, call.client, group.n)
         async for index, delta in group:
-            yield Completion(
-                id=request_id,
-                created=created,
-                model=client.model_name,
-                choices=[choices.choice(index, delta.outputs[0])],
-            )
-        if request.include_usage:
-            yield Completion(
-                id=request_id,
-                created=created,
-                model=client.model_name,
-                choices=[],
-                usage=Usage.of(group.token_counts()),
-            )
-    finally:
-        group.close()
+            yield call.body(Completion, [choices.choice(index, delta.outputs[0])])
+        if call.request.include_usage:
+            yield call.body(Completion, [], Usage.of(group.token_counts()))
+
+
+COMPLETIONS = CompletionsEndpoint()

@@ -7,7 +7,6 @@ cancels its request, streamed or not, so its KV blocks are freed at once.
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Mapping
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -20,8 +19,9 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from pdserve.engine.errors import EngineOverloadedError, EngineStoppedError, RequestError
-from pdserve.router.chat import complete_chat, stream_chat
-from pdserve.router.completions import complete, stream_completion
+from pdserve.router.chat import CHAT
+from pdserve.router.completions import COMPLETIONS
+from pdserve.router.endpoint import Call, Endpoint, answer_stream, answer_whole
 from pdserve.router.engine_client import EngineClient, check_all, pick_client
 from pdserve.router.errors import INVALID_REQUEST, APIError, ErrorKind, to_api_error
 from pdserve.router.metrics import ResponseCounter, RouterMetrics
@@ -65,23 +65,21 @@ def build_http_app(
             ]
         )
 
+    async def answer(
+        endpoint: Endpoint, body: CompletionRequest | ChatCompletionRequest, raw: Request
+    ) -> BaseModel | Response:
+        call = Call(body, pick_client(clients, body.model), endpoint.id_prefix)
+        if body.stream:
+            return EventStreamResponse(event_stream(await answer_stream(endpoint, call)))
+        return await _cancel_on_disconnect(raw, answer_whole(endpoint, call))
+
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, raw: Request) -> BaseModel | Response:
-        client = pick_client(clients, body.model)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        if body.stream:
-            return EventStreamResponse(
-                event_stream(await stream_completion(body, client, request_id))
-            )
-        return await _cancel_on_disconnect(raw, complete(body, client, request_id))
+        return await answer(COMPLETIONS, body, raw)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> BaseModel | Response:
-        client = pick_client(clients, body.model)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        if body.stream:
-            return EventStreamResponse(event_stream(await stream_chat(body, client, request_id)))
-        return await _cancel_on_disconnect(raw, complete_chat(body, client, request_id))
+        return await answer(CHAT, body, raw)
 
     if metrics is not None:
 

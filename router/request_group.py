@@ -79,6 +79,14 @@ class RequestGroup:
             num_finished += delta.finished
             yield index, delta
 
+    async def finish(self) -> None:
+        """Reads the group to its end (every choice whole in ``outputs``), then closes it."""
+        try:
+            async for _ in self:
+                pass
+        finally:
+            self.close()
+
     def close(self) -> None:
         """Aborts every unfinished request of the group; safe to call more than once."""
         for task in self._tasks:

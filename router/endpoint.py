@@ -1,0 +1,94 @@
+"""What the OpenAI generation endpoints share: the request starts as a ``RequestGroup`` (so a
+refusal raises before any byte is sent), then is answered whole or as a stream of chunks whose
+end, or early close, closes the group (aborting what is unfinished).
+
+Each endpoint (``chat.py``, ``completions.py``) says only how its request starts and how the
+group's outputs become its response and its chunks.
+"""
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from pdserve.router.engine_client import EngineClient
+from pdserve.router.engine_inputs import completion_budget, sampling_params
+from pdserve.router.openai_responses import Usage
+from pdserve.router.request_group import RequestGroup, start_group
+
+RequestT = TypeVar("RequestT", contravariant=True)
+ResponseT = TypeVar("ResponseT", covariant=True)
+ChunkT = TypeVar("ChunkT")
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+class Call(Generic[RequestT]):
+    """One API call: its request, the model's client, its id and creation time."""
+
+    def __init__(self, request: RequestT, client: EngineClient, id_prefix: str) -> None:
+        self.request = request
+        self.client = client
+        self.id = f"{id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    async def start(
+        self, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None, field: str
+    ) -> RequestGroup:
+        """Starts the group for ``prompts`` with the request's sampling settings; ``max_tokens``
+        (None: what the context leaves) is checked against each prompt, blamed on ``field``."""
+        request = self.request
+        budget = completion_budget(
+            max_tokens, [len(p) for p in prompts], self.client.max_model_len, field
+        )
+        params = sampling_params(max_tokens=budget, logprobs=logprobs, **request.sampling_kwargs())
+        return await start_group(self.client, self.id, prompts, params, request.priority)
+
+    def body(self, cls: type[BodyT], choices: list[Any], usage: Usage | None = None) -> BodyT:
+        """A response or chunk of this call: ``cls`` with its id, time, model and ``choices``."""
+        return cls(
+            id=self.id,
+            created=self.created,
+            model=self.client.model_name,
+            choices=choices,
+            usage=usage,
+        )
+
+
+class Endpoint(Protocol[RequestT, ResponseT, ChunkT]):
+    id_prefix: str
+
+    async def start(self, call: Call[RequestT]) -> RequestGroup: ...
+
+    def response(self, call: Call[RequestT], group: RequestGroup) -> ResponseT:
+        """The whole answer, from the finished group's outputs."""
+        ...
+
+    def chunks(self, call: Call[RequestT], group: RequestGroup) -> AsyncIterator[ChunkT]:
+        """The streamed answer, read from the group as it runs."""
+        ...
+
+
+async def answer_whole(
+    endpoint: Endpoint[RequestT, ResponseT, ChunkT], call: Call[RequestT]
+) -> ResponseT:
+    group = await endpoint.start(call)
+    await group.finish()
+    return endpoint.response(call, group)
+
+
+async def answer_stream(
+    endpoint: Endpoint[RequestT, ResponseT, ChunkT], call: Call[RequestT]
+) -> AsyncIterator[ChunkT]:
+    """Starts the request, then returns its chunks; closing them aborts the request."""
+    group = await endpoint.start(call)
+    return _closing(group, endpoint.chunks(call, group))
+
+
+async def _closing(group: RequestGroup, chunks: AsyncIterator[ChunkT]) -> AsyncIterator[ChunkT]:
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        group.close()
