@@ -13,12 +13,12 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.errors import EngineOverloadedError, EngineStoppedError, RequestError
+from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
 from pdserve.engine.remote_kv import KVHooks, RemoteKV
@@ -32,8 +32,6 @@ logger = logging.getLogger(__name__)
 # How long the idle loop sleeps on its queue between looks at in-flight transfers, and at leases.
 TRANSFER_POLL_S = 0.0005
 LEASE_POLL_S = 0.05
-# How often the loop renews its snapshot of the prefix cache's hashes (for KV-aware routing).
-CACHED_HASHES_PERIOD_S = 0.25
 
 
 @dataclass
@@ -68,19 +66,21 @@ class AsyncLLMEngine:
         config: EngineConfig,
         kv_hooks: Callable[[LLMEngine], KVHooks] | None = None,
         collect_stats: bool = False,
+        kv_events: bool = False,
     ) -> None:
         """``kv_hooks`` builds the KV transfer layer over the engine (its cache, its pool).
         ``collect_stats``: keep the engine's ``IterationStats`` for ``take_iteration_stats``,
-        which the caller must then call now and then (a server's metrics do)."""
-        self.engine = LLMEngine(config, collect_stats)
+        which the caller must then call now and then (a server's metrics do). ``kv_events``: log
+        the prefix cache's changes in ``self.kv_events``, whose reports the caller must then
+        take now and then (a KV-aware router's stats do)."""
+        self.kv_events = KVEventLog() if kv_events else None
+        self.engine = LLMEngine(config, collect_stats, self.kv_events)
         self._collect_stats = collect_stats
         self._iteration_stats = IterationStats()  # taken from the engine thread, under _lock
         self._kv_hooks = None if kv_hooks is None else kv_hooks(self.engine)
         self._transfers: dict[str, _Transfer] = {}  # engine thread only
         self.num_transfer_failures = 0  # remote prefills recomputed here instead
         self.stats: EngineStats = self.engine.stats()  # a snapshot, renewed by the engine thread
-        self.cached_hashes = self.engine.block_pool.cached_hashes()  # likewise, less often
-        self._hashes_taken_at = time.monotonic()
         self.max_waiting_requests = config.max_waiting_requests
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()  # None: stop
         # Guards the admission counters and `_closed`, so no add can slip in behind the stop.
@@ -347,10 +347,6 @@ class AsyncLLMEngine:
             taken = self.engine.take_iteration_stats()
             with self._lock:
                 self._iteration_stats.add(taken)
-        now = time.monotonic()
-        if now - self._hashes_taken_at >= CACHED_HASHES_PERIOD_S:
-            self.cached_hashes = self.engine.block_pool.cached_hashes()
-            self._hashes_taken_at = now
 
     def _publish_waiting(self, num_adds_applied: int) -> None:
         # An add counts as waiting (via the scheduler) before it stops counting as pending, so the

@@ -8,6 +8,7 @@ again, which evicts its hash. Allocation takes from the front: least recently fr
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.prefix_hash import BlockHash
 
 
@@ -19,9 +20,13 @@ class Block:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, events: KVEventLog | None = None
+    ) -> None:
+        """``events``: where the prefix cache's changes are logged (for KV-aware routing)."""
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.events = events
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Insertion-ordered map used as an O(1) LRU queue: popitem(last=False) takes the oldest, and
         # a cache hit removes a block from the middle in O(1).
@@ -71,10 +76,6 @@ class BlockPool:
             found.append(block.block_id)
         return found
 
-    def cached_hashes(self) -> frozenset[BlockHash]:
-        """The hashes of every block now in the prefix cache (what a KV-aware router matches)."""
-        return frozenset(self._cached)
-
     def num_free_among(self, block_ids: list[int]) -> int:
         """How many of these cached blocks are free (taking them uses free capacity)."""
         return sum(1 for i in block_ids if self.blocks[i].ref_count == 0)
@@ -94,6 +95,8 @@ class BlockPool:
         block = self.blocks[block_id]
         block.hash = block_hash
         self._cached[block_hash] = block
+        if self.events is not None:
+            self.events.stored(block_hash)
 
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached hash, so later prompts compute from scratch (a benchmark's cold
@@ -104,6 +107,8 @@ class BlockPool:
         for block in self._cached.values():
             block.hash = None
         self._cached.clear()
+        if self.events is not None:
+            self.events.cleared()
         return True
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
@@ -113,4 +118,6 @@ class BlockPool:
     def _evict(self, block: Block) -> None:
         if block.hash is not None:
             del self._cached[block.hash]
+            if self.events is not None:
+                self.events.removed(block.hash)
             block.hash = None

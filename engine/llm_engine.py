@@ -10,6 +10,7 @@ from pdserve.engine.block_pool import BlockPool
 from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.errors import ContextLengthError, RequestError
 from pdserve.engine.kv_cache import allocate_kv_cache, num_kv_blocks
+from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.loader import load_model
 from pdserve.engine.output_processor import OutputProcessor
 from pdserve.engine.outputs import PositionLogprobs, RequestOutput
@@ -33,9 +34,16 @@ class RemoteKVSlots:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, collect_stats: bool = False) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        collect_stats: bool = False,
+        kv_events: KVEventLog | None = None,
+    ) -> None:
         """``collect_stats``: keep ``IterationStats`` for metrics; whoever sets it must call
-        ``take_iteration_stats`` now and then (a server does; the offline ``LLM`` does not)."""
+        ``take_iteration_stats`` now and then (a server does; the offline ``LLM`` does not).
+        ``kv_events``: where the prefix cache logs its changes; whoever sets it must take its
+        reports now and then."""
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
         self.max_model_len = config.effective_max_model_len(self.model_config)
@@ -44,7 +52,7 @@ class LLMEngine:
         model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
         num_blocks = num_kv_blocks(self.model_config, config)
         self.kv_cache = allocate_kv_cache(self.model_config, config, num_blocks)
-        self.block_pool = BlockPool(num_blocks, config.enable_prefix_caching)
+        self.block_pool = BlockPool(num_blocks, config.enable_prefix_caching, kv_events)
         self.scheduler = Scheduler(config, self.block_pool, self.max_model_len)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size)
         eos_ids = set(self.model_config.eos_token_ids) | set(self.tokenizer.eos_token_ids)

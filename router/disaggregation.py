@@ -4,13 +4,13 @@ Remote prefill pays a KV transfer to spare the decode replica a long prefill, so
 only for a long enough *uncached* part: the prompt less the prefix the chosen decode replica
 already holds. A prompt also prefills locally when no prefill replica is up, or when every one is
 saturated (its queued prompt tokens at ``prefill_queue_max_tokens``), as in Dynamo's conditional
-disaggregation. The pools' state comes from their KV-aware request routers (``kv_routing.py``);
-under Serve's default router only the prompt's length is known.
+disaggregation. The pools' state comes from their placements (``placement.py``); under Serve's
+default router only the prompt's length is known.
 """
 
 from typing import Literal
 
-from pdserve.router.pool_views import PoolView
+from pdserve.router.placement import PoolPlacement
 from pdserve.serving.config import RoutingConfig
 from pdserve.serving.messages import GenerateRequest
 
@@ -25,17 +25,17 @@ def decide(
     request: GenerateRequest,
     routing: RoutingConfig,
     has_prefill_pool: bool,
-    decode: PoolView | None,
-    prefill: PoolView | None,
+    cached_tokens: int,
+    prefill: PoolPlacement | None,
 ) -> tuple[Decision, Reason]:
-    """Where ``request`` prefills, and why; a pool without a view counts as up and unloaded."""
+    """Where ``request`` prefills, and why. ``cached_tokens``: its prompt's prefix cached at the
+    decode replica it goes to; a prefill pool without a placement counts as up and unloaded."""
     if not has_prefill_pool:
         return "local", "no_prefill_pool"
     num_tokens = len(request.prompt_token_ids)
     if num_tokens < routing.local_prefill_max_tokens:
         return "local", "short"
-    cached = decode.cached_prefix_tokens(request) if decode is not None else 0
-    if num_tokens - cached < routing.local_prefill_max_tokens:
+    if num_tokens - cached_tokens < routing.local_prefill_max_tokens:
         return "local", "cached"
     if prefill is not None:
         if prefill.num_replicas == 0:

@@ -24,7 +24,7 @@ from pdserve.engine.tokenizer import Tokenizer
 from pdserve.router.disaggregation import Decision, decide
 from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
 from pdserve.router.metrics import RouterMetrics
-from pdserve.router.pool_views import Role, pool_view
+from pdserve.router.placement import Role, placement_for
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 from pdserve.serving.config import ServedModel
 from pdserve.serving.messages import GenerateRequest, RemotePrefilled
@@ -50,7 +50,8 @@ class ServeEngineClient:
         )
         self._block_size = engine_config.block_size
         self.tokenizer = Tokenizer.from_pretrained(served.path)
-        # Built now, so their request routers (the pools' views) exist before the first request.
+        # Built now, so their request routers (the pools' placements) exist before the first
+        # request.
         self._prefill = None if prefill is None else prefill.options(method_name="prefill")
         self._decode = decode.options(stream=True, method_name="generate")
         self._health = decode.options(method_name="check_health")
@@ -70,13 +71,18 @@ class ServeEngineClient:
         request = GenerateRequest(
             request_id, prompt_token_ids, params, priority, tuple(block_hashes)
         )
+        decode = placement_for(self.model_name, "decode")
+        prefill = placement_for(self.model_name, "prefill")
+        cached_tokens = 0
+        if decode is not None and decode.num_replicas:
+            placed = decode.place(request)
+            request.replicas["decode"], cached_tokens = placed.replica, placed.cached_tokens
+        has_prefill_pool = self._prefill is not None
         decision, reason = decide(
-            request,
-            self.served.routing,
-            self._prefill is not None,
-            pool_view(self.model_name, "decode"),
-            pool_view(self.model_name, "prefill"),
+            request, self.served.routing, has_prefill_pool, cached_tokens, prefill
         )
+        if decision == "remote" and prefill is not None:
+            request.replicas["prefill"] = prefill.place(request).replica
         self.route_decisions[decision] += 1
         if decision == "local":
             self.route_decisions[f"local:{reason}"] += 1
@@ -89,7 +95,7 @@ class ServeEngineClient:
     async def _run(
         self, request: GenerateRequest, decision: Decision
     ) -> AsyncIterator[RequestOutput]:
-        request_id, params = request.request_id, request.params
+        params = request.params
         work: GenerateRequest | RemotePrefilled = request
         first: RequestOutput | None = None  # streamed already; the decode side repeats it
         try:
@@ -97,8 +103,8 @@ class ServeEngineClient:
             if decision == "remote":
                 try:
                     prefill = await self._prefill.remote(request)
-                finally:  # the pools' routers count a request's load until it ends
-                    _done(self.model_name, "prefill", request_id)
+                finally:
+                    self._ended("prefill", request)
                 mark_upstream_output(prefill.first_output)
                 if prefill.kv is None:  # it ended at its first token
                     yield prefill.first_output
@@ -118,19 +124,18 @@ class ServeEngineClient:
                     yield chunk
             finally:
                 stream.cancel()
-                _done(self.model_name, "decode", request_id)
+                self._ended("decode", request)
         except RayTaskError as error:  # the replica's own exception, e.g. a RequestError
             raise error.cause from None
+
+    def _ended(self, role: Role, request: GenerateRequest) -> None:
+        """Tells the pool's placement (if it keeps count) that the request's call has ended."""
+        placement = placement_for(self.model_name, role)
+        if placement is not None:
+            placement.ended(request.request_id)
 
     async def check_health(self) -> None:
         try:
             await self._health.remote()
         except Exception as error:
             raise EngineStoppedError(f"{self.model_name}: decode pool unhealthy: {error}") from None
-
-
-def _done(model: str, role: Role, request_id: str) -> None:
-    """Tells the pool's router (if it keeps count) that the request's call has ended."""
-    view = pool_view(model, role)
-    if view is not None:
-        view.request_done(request_id)

@@ -1,6 +1,6 @@
 """The plain data the router and the two worker pools pass each other through Serve handles."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
@@ -15,6 +15,8 @@ class GenerateRequest:
     priority: int = 0
     # The prompt's prefix-cache hash chain (the engines' own), for KV-aware routing.
     block_hashes: tuple[bytes, ...] = ()
+    # Where the ingress placed it: pool role ("prefill", "decode") -> Serve replica id.
+    replicas: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,12 @@ def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
         connectors.append(connector)
         return ConnectorHooks(connector)
 
-    engine = AsyncLLMEngine(config, kv_hooks=hooks, collect_stats=served.metrics)
+    engine = AsyncLLMEngine(
+        config,
+        kv_hooks=hooks,
+        collect_stats=served.metrics,
+        kv_events=served.routing.policy == "kv_aware",
+    )
     return engine, connectors[0]
 
 
@@ -53,8 +58,12 @@ def replica_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
 
 
 def routing_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
-    """What the KV-aware router reads: the replica's stats and its prefix cache's hashes."""
-    return {**replica_stats(engine, connector), "cached_block_hashes": engine.cached_hashes}
+    """What the KV-aware router reads: the replica's stats, when, and its prefix cache's changes
+    (router/placement.py)."""
+    stats = {**replica_stats(engine, connector), "reported_at": time.time()}
+    if engine.kv_events is not None:
+        stats["kv_events"] = engine.kv_events.report()
+    return stats
 
 
 class EngineReplica:
@@ -86,7 +95,7 @@ class EngineReplica:
         return replica_stats(self.engine, self.connector)
 
     def record_routing_stats(self) -> dict:
-        """Serve calls this periodically; the KV-aware router reads it (router/kv_routing.py)."""
+        """Serve calls this periodically; the KV-aware router reads it (router/placement.py)."""
         return routing_stats(self.engine, self.connector)
 
     async def check_health(self) -> None:

@@ -15,12 +15,10 @@ ROUTING = RoutingConfig(local_prefill_max_tokens=100, prefill_queue_max_tokens=1
 
 @dataclass
 class Pool:
-    num_replicas: int = 1
-    cached: int = 0  # prompt tokens cached at the replica the request would go to
-    load: int = 0  # every replica's
+    """The prefill pool's placement, as ``decide`` asks it."""
 
-    def cached_prefix_tokens(self, request: GenerateRequest) -> int:
-        return self.cached
+    num_replicas: int = 1
+    load: int = 0  # every replica's
 
     def saturated(self, max_load_tokens: int) -> bool:
         return self.num_replicas > 0 and self.load >= max_load_tokens
@@ -31,20 +29,20 @@ def _request(num_tokens: int) -> GenerateRequest:
 
 
 @pytest.mark.parametrize(
-    ("tokens", "decode", "prefill", "has_prefill_pool", "want"),
+    ("tokens", "cached", "prefill", "has_prefill_pool", "want"),
     [
-        (500, Pool(), Pool(), False, ("local", "no_prefill_pool")),
-        (99, Pool(), Pool(), True, ("local", "short")),
-        (100, Pool(), Pool(), True, ("remote", "uncached")),
+        (500, 0, Pool(), False, ("local", "no_prefill_pool")),
+        (99, 0, Pool(), True, ("local", "short")),
+        (100, 0, Pool(), True, ("remote", "uncached")),
         # 500 tokens, 416 cached at the decode replica: 84 left to prefill there.
-        (500, Pool(cached=416), Pool(), True, ("local", "cached")),
-        (500, Pool(cached=400), Pool(), True, ("remote", "uncached")),
-        (500, Pool(), Pool(num_replicas=0), True, ("local", "no_prefill_replica")),
-        (500, Pool(), Pool(load=1000), True, ("local", "saturated")),
-        (500, Pool(), Pool(load=999), True, ("remote", "uncached")),
-        # Without the pools' views (Serve's default router) only the length counts.
-        (500, None, None, True, ("remote", "uncached")),
+        (500, 416, Pool(), True, ("local", "cached")),
+        (500, 400, Pool(), True, ("remote", "uncached")),
+        (500, 0, Pool(num_replicas=0), True, ("local", "no_prefill_replica")),
+        (500, 0, Pool(load=1000), True, ("local", "saturated")),
+        (500, 0, Pool(load=999), True, ("remote", "uncached")),
+        # Without placements (Serve's default router) only the length counts.
+        (500, 0, None, True, ("remote", "uncached")),
     ],
 )
-def test_where_a_prompt_prefills(tokens, decode, prefill, has_prefill_pool, want) -> None:
-    assert decide(_request(tokens), ROUTING, has_prefill_pool, decode, prefill) == want
+def test_where_a_prompt_prefills(tokens, cached, prefill, has_prefill_pool, want) -> None:
+    assert decide(_request(tokens), ROUTING, has_prefill_pool, cached, prefill) == want

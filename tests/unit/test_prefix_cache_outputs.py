@@ -14,6 +14,7 @@ import torch
 from pdserve import LLM, SamplingParams
 from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.llm_engine import LLMEngine
+from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.tests.hf_reference import hf_greedy
 
 BLOCK_SIZE = 16
@@ -192,9 +193,11 @@ def test_reset_prefix_cache_is_refused_while_busy_and_then_forgets(
     engine.step()
     assert not llm.reset_prefix_cache()  # a running request holds blocks
     engine.abort_request("busy")
-    assert engine.block_pool.cached_hashes()
+    hashes: list[bytes] = []
+    extend_block_hashes(hashes, prompt, BLOCK_SIZE)
+    assert engine.block_pool.lookup(hashes, len(hashes))
     assert llm.reset_prefix_cache()
-    assert not engine.block_pool.cached_hashes()
+    assert not engine.block_pool.lookup(hashes, len(hashes))
     again = llm.generate([prompt], _params())[0]
     assert again.num_cached_tokens == 0
     assert again.token_ids == first.token_ids

@@ -1,0 +1,208 @@
+"""Where a request goes in a worker pool: the one place that scores a pool's replicas.
+
+Each replica reports, through Serve's routing stats, its load and its prefix cache's changes as
+numbered events (``engine/kv_events.py``). ``PoolPlacement`` keeps an index of each replica's
+cached block hashes built from those events and scores a request's candidates once each:
+
+    score = kv_overlap_weight * cached prefix tokens - load_weight * load tokens
+
+Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds.
+Between reports, what this router sent a replica counts there: the prompt's tokens as load until
+the call ends or a report made after the send counts it, and its blocks as cached for
+``RECENT_S`` (the prefix a burst
+shares is then as cheap there as it will be once prefilled). Ties go to a random one of the best:
+in order, the first replica would take every new prefix and thrash its cache while the others'
+went unused.
+
+A replica whose event log has a gap (it sent more reports than one holds while this router heard
+none) or whose last report is older than ``STALE_S`` counts as caching nothing until its next
+snapshot. A restarted replica starts a new log (its epoch), never extending its old index.
+
+The ingress places a request in the decode pool (the cached prefix there decides between local
+and remote prefill) and, when it goes remote, in the prefill pool, and writes both into the
+request; the pools' request routers (``kv_routing.py``) send it there. Serve builds those routers
+itself, in the ingress's process, so they find the pool's placement through ``register`` and
+``placement_for``: this module's state, imported by reference (Serve pickles a request router's
+own module by value, so state kept there would be a copy per router).
+"""
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from pdserve.engine.kv_events import CLEARED, REMOVED, STORED, KVEventReport
+from pdserve.engine.prefix_hash import BlockHash
+from pdserve.serving.messages import GenerateRequest
+
+Role = Literal["prefill", "decode"]
+RECENT_S = 5.0  # how long blocks sent to a replica count as cached there without its word
+STALE_S = 10.0  # a replica silent this long: its index is not trusted
+
+
+class Placement(NamedTuple):
+    replica: str  # Serve's replica id (unique_id)
+    cached_tokens: int  # of the request's prompt, at that replica
+
+
+@dataclass
+class _Replica:
+    epoch: str | None = None
+    next_seq: int = 0  # the number of the next event to apply
+    synced: bool = False  # whether ``cached`` is the replica's cache as of ``next_seq``
+    cached: set[BlockHash] = field(default_factory=set)
+    load_tokens: int = 0  # as of its last report
+    reported_at: float = 0.0  # the replica's clock at that report
+    # Calls in flight there, by request id: (when sent, prompt tokens).
+    sent: dict[str, tuple[float, int]] = field(default_factory=dict)
+    recent: dict[BlockHash, float] = field(default_factory=dict)  # block sent here -> when
+
+    def apply(self, report: KVEventReport) -> None:
+        if report.epoch != self.epoch:
+            self.epoch, self.next_seq, self.synced, self.cached = report.epoch, 0, False, set()
+            self.synced = report.first_seq == 0  # a new log: its first report holds every event
+        if self.synced and report.next_seq <= self.next_seq:
+            return  # this report again (Serve repeats a replica's stats with other updates)
+        if self.synced and report.first_seq <= self.next_seq <= report.next_seq:
+            for kind, block_hash in report.events[self.next_seq - report.first_seq :]:
+                if kind == STORED:
+                    self.cached.add(block_hash)
+                elif kind == REMOVED:
+                    self.cached.discard(block_hash)
+                elif kind == CLEARED:
+                    self.cached.clear()
+        elif report.snapshot is not None:
+            self.cached, self.synced = set(report.snapshot), True
+        else:
+            self.synced = False  # a gap: wait for the next snapshot
+        self.next_seq = report.next_seq
+
+
+class PoolPlacement:
+    def __init__(
+        self,
+        role: Role,
+        block_size: int,
+        kv_overlap_weight: float = 1.0,
+        load_weight: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.role = role
+        self._block_size = block_size
+        self._kv_weight = kv_overlap_weight
+        self._load_weight = load_weight
+        self._now = clock
+        self._replicas: dict[str, _Replica] = {}
+        self._sent_to: dict[str, str] = {}  # request id -> the replica its call went to
+        # Serve's router thread updates the replicas while the ingress's places requests.
+        self._lock = threading.RLock()
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self._replicas)
+
+    def sync(self, reports: dict[str, dict | None]) -> None:
+        """The pool's replicas now, each with its latest routing stats (None: none yet)."""
+        with self._lock:
+            for gone in self._replicas.keys() - reports.keys():
+                del self._replicas[gone]
+            for replica_id, stats in reports.items():
+                replica = self._replicas.setdefault(replica_id, _Replica())
+                if stats:
+                    self._observe(replica, stats)
+
+    def place(self, request: GenerateRequest, candidates: list[str] | None = None) -> Placement:
+        """The best of ``candidates`` (default: every replica) for ``request``, each scored once.
+        A replica this placement has not heard of counts as empty and idle."""
+        with self._lock:
+            now = self._now()
+            names = list(self._replicas) if candidates is None else candidates
+            if not names:
+                raise LookupError(f"no {self.role} replica to place {request.request_id} on")
+            scored = []
+            for name in names:
+                replica = self._replicas.get(name) or _Replica()
+                cached = self._overlap(replica, request, now) * self._block_size
+                score = self._kv_weight * cached - self._load_weight * self._load(replica)
+                scored.append((score, cached, name))
+            best = max(score for score, _, _ in scored)
+            _, cached, name = random.choice([s for s in scored if s[0] == best])
+            return Placement(name, cached)
+
+    def sent(self, replica_id: str, request: GenerateRequest) -> None:
+        """``request`` went to the replica: its prompt is load there until its call ends or a
+        later report counts it, its blocks cached there for ``RECENT_S``."""
+        with self._lock:
+            self.ended(request.request_id)  # sent again, e.g. after a rejection
+            replica = self._replicas.setdefault(replica_id, _Replica())
+            now = self._now()
+            replica.sent[request.request_id] = (now, len(request.prompt_token_ids))
+            self._sent_to[request.request_id] = replica_id
+            for block_hash in request.block_hashes:
+                replica.recent[block_hash] = now
+
+    def ended(self, request_id: str) -> None:
+        """The call for ``request_id`` has ended (returned, failed or was cancelled). The caller
+        says so: Serve's own completion callback does not fire for unary calls over its gRPC
+        transport (Ray 2.60), and a report can come a second after a short call ended."""
+        with self._lock:
+            replica = self._replicas.get(self._sent_to.pop(request_id, ""))
+            if replica is not None:
+                replica.sent.pop(request_id, None)
+
+    def saturated(self, max_load_tokens: int) -> bool:
+        """Whether every replica has at least ``max_load_tokens`` tokens of load."""
+        with self._lock:
+            replicas = list(self._replicas.values())
+            return bool(replicas) and all(self._load(r) >= max_load_tokens for r in replicas)
+
+    def _observe(self, replica: _Replica, stats: dict) -> None:
+        report: KVEventReport | None = stats.get("kv_events")
+        if report is not None:
+            replica.apply(report)
+        else:  # a replica that logs no events (routed by Serve's default router once)
+            replica.synced = False
+        replica.reported_at = stats["reported_at"]
+        if self.role == "prefill":
+            replica.load_tokens = stats["num_queued_prefill_tokens"]
+        else:
+            held = stats["num_blocks"] - stats["num_free_blocks"]
+            replica.load_tokens = held * self._block_size
+        # Calls sent before the report are in its load, or over.
+        for request_id, (sent_at, _) in list(replica.sent.items()):
+            if sent_at <= replica.reported_at:
+                del replica.sent[request_id]
+                self._sent_to.pop(request_id, None)
+        now = self._now()
+        replica.recent = {h: t for h, t in replica.recent.items() if now - t <= RECENT_S}
+
+    def _overlap(self, replica: _Replica, request: GenerateRequest, now: float) -> int:
+        """The prompt's leading blocks cached at the replica, or sent there lately."""
+        trusted = replica.synced and now - replica.reported_at < STALE_S
+        cached = replica.cached if trusted else set()
+        overlap = 0
+        for block_hash in request.block_hashes:
+            sent_at = replica.recent.get(block_hash)
+            if block_hash not in cached and (sent_at is None or now - sent_at > RECENT_S):
+                break
+            overlap += 1
+        return overlap
+
+    def _load(self, replica: _Replica) -> int:
+        return replica.load_tokens + sum(tokens for _, tokens in replica.sent.values())
+
+
+_placements: dict[tuple[str, Role], PoolPlacement] = {}
+
+
+def register(model: str, role: Role, placement: PoolPlacement) -> PoolPlacement:
+    _placements[model, role] = placement
+    return placement
+
+
+def placement_for(model: str, role: Role) -> PoolPlacement | None:
+    """The placement of a pool this process calls; None before its request router exists, or
+    when the pool is routed by Serve's default router."""
+    return _placements.get((model, role))

@@ -1,0 +1,170 @@
+"""Placement in a pool from the replicas' KV events and load, without Ray: overlap against load,
+ties, a burst's stickiness, gaps, stale and restarted replicas."""
+
+import collections
+
+import pytest
+
+from pdserve.engine.kv_events import KVEventLog
+from pdserve.engine.prefix_hash import extend_block_hashes
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.router.placement import RECENT_S, STALE_S, PoolPlacement
+from pdserve.serving.messages import GenerateRequest
+
+BLOCK = 16
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _request(tokens: list[int], request_id: str = "r") -> GenerateRequest:
+    hashes: list[bytes] = []
+    extend_block_hashes(hashes, tokens, BLOCK)
+    return GenerateRequest(request_id, tokens, SamplingParams(), 0, tuple(hashes))
+
+
+def _caching(log: KVEventLog, request: GenerateRequest, blocks: int | None = None) -> None:
+    for block_hash in request.block_hashes[:blocks]:
+        log.stored(block_hash)
+
+
+def _stats(log: KVEventLog, at: float, held_blocks: int = 0, queued: int = 0) -> dict:
+    return {
+        "kv_events": log.report(),
+        "reported_at": at,
+        "num_blocks": 100,
+        "num_free_blocks": 100 - held_blocks,
+        "num_queued_prefill_tokens": queued,
+    }
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def test_a_cached_prefix_outweighs_a_little_load(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    request = _request(list(range(160)))  # 10 full blocks
+    _caching(a, request)
+    placement.sync({"a": _stats(a, clock.now, held_blocks=3), "b": _stats(b, clock.now)})
+    assert placement.place(request) == ("a", 160)
+
+
+def test_a_heavy_load_outweighs_a_short_cached_prefix(clock: Clock) -> None:
+    placement = PoolPlacement("prefill", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    request = _request(list(range(160)))
+    _caching(a, request, blocks=1)
+    placement.sync({"a": _stats(a, clock.now, queued=500), "b": _stats(b, clock.now)})
+    assert placement.place(request) == ("b", 0)
+    assert placement.place(request, candidates=["a"]) == ("a", 16)
+
+
+def test_ties_go_to_any_of_the_best(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    logs = {name: KVEventLog() for name in "abc"}
+    placement.sync({name: _stats(log, clock.now) for name, log in logs.items()})
+    chosen = collections.Counter(
+        placement.place(_request([i] * 40, f"r{i}")).replica for i in range(300)
+    )
+    assert set(chosen) == {"a", "b", "c"} and min(chosen.values()) > 50, chosen
+
+
+def test_blocks_sent_count_as_cached_before_the_replica_reports_them(clock: Clock) -> None:
+    # Overlap weighs twice: the first request's queued tokens no longer cancel its prefix.
+    placement = PoolPlacement("prefill", BLOCK, kv_overlap_weight=2.0, clock=clock)
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    prefix = list(range(256))
+    first = placement.place(_request(prefix + [1] * 8, "first"))
+    placement.sent(first.replica, _request(prefix + [1] * 8, "first"))
+    for i in range(5):  # no report in between: the blocks sent count as cached there
+        assert placement.place(_request(prefix + [2 + i] * 8, f"r{i}")) == (first.replica, 256)
+    clock.now += RECENT_S + 1  # never confirmed by a report: forgotten
+    assert placement.place(_request(prefix, "late")).cached_tokens == 0
+
+
+def test_load_sent_counts_until_a_later_report(clock: Clock) -> None:
+    placement = PoolPlacement("prefill", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})
+    placement.sent("a", _request(list(range(600)), "big"))
+    assert {placement.place(_request([7] * 32, f"r{i}")).replica for i in range(20)} == {"b"}
+    clock.now += 1.0  # a's report after the send: its load is the report's own (0)
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now, queued=100)})
+    assert {placement.place(_request([7] * 32, f"s{i}")).replica for i in range(20)} == {"a"}
+
+
+def test_events_keep_the_index_and_removals_drop_from_it(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    log = KVEventLog()
+    request = _request(list(range(64)))
+    _caching(log, request)
+    placement.sync({"a": _stats(log, clock.now)})
+    assert placement.place(request).cached_tokens == 64
+    log.removed(request.block_hashes[2])
+    placement.sync({"a": _stats(log, clock.now)})
+    assert placement.place(request).cached_tokens == 32  # the chain breaks at block 2
+    log.cleared()
+    placement.sync({"a": _stats(log, clock.now)})
+    assert placement.place(request).cached_tokens == 0
+
+
+def test_a_gap_in_the_events_trusts_nothing_until_a_snapshot(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    log = KVEventLog(window=2, snapshot_every=6)
+    request = _request(list(range(64)))
+    placement.sync({"a": _stats(log, clock.now)})  # report 0 (a snapshot)
+    _caching(log, request)
+    for _ in range(3):  # reports 1-3, unheard: the window moves past report 1's events
+        log.report()
+    placement.sync({"a": _stats(log, clock.now)})  # report 4
+    assert placement.place(request).cached_tokens == 0
+    log.report()  # report 5, unheard
+    placement.sync({"a": _stats(log, clock.now)})  # report 6: a snapshot
+    assert placement.place(request).cached_tokens == 64
+
+
+def test_a_silent_replica_is_not_trusted_and_a_restarted_one_starts_afresh(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    log = KVEventLog()
+    request = _request(list(range(64)))
+    _caching(log, request)
+    placement.sync({"a": _stats(log, clock.now)})
+    clock.now += STALE_S + 1
+    assert placement.place(request).cached_tokens == 0
+    placement.sync({"a": _stats(log, clock.now)})
+    assert placement.place(request).cached_tokens == 64
+    placement.sync({"a": _stats(KVEventLog(), clock.now)})  # the same id, a new engine
+    assert placement.place(request).cached_tokens == 0
+
+
+def test_replicas_gone_are_never_chosen_and_saturation_needs_them_all(clock: Clock) -> None:
+    placement = PoolPlacement("prefill", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    placement.sync({"a": _stats(a, clock.now, queued=900), "b": _stats(b, clock.now)})
+    assert not placement.saturated(800)
+    placement.sync({"a": _stats(a, clock.now, queued=900)})
+    assert placement.num_replicas == 1 and placement.saturated(800)
+    assert {placement.place(_request([1] * 32, f"r{i}")).replica for i in range(10)} == {"a"}
+    placement.sync({})
+    with pytest.raises(LookupError):
+        placement.place(_request([1] * 32))
+
+
+def test_a_call_that_ended_is_no_longer_load(clock: Clock) -> None:
+    placement = PoolPlacement("prefill", BLOCK, clock=clock)
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    big = _request(list(range(600)), "big")
+    placement.sent("a", big)
+    assert placement.place(_request([7] * 32, "small")).replica == "b"
+    placement.ended("big")  # before any report: a short call ends well within a period
+    placement.ended("never-sent")  # harmless
+    placement.sent("b", _request(list(range(100)), "other"))
+    assert placement.place(_request([7] * 32, "small")).replica == "a"
