@@ -18,7 +18,6 @@ class LeaseTable:
         self._prefix = prefix
         self._ids = itertools.count()
         self._leases: dict[str, _Lease] = {}
-        self.num_expired = 0
 
     def grant(self, block_ids: list[int], seconds: float) -> tuple[str, float]:
         """Pins the blocks; returns the lease id and its expiry time."""
@@ -41,7 +40,6 @@ class LeaseTable:
         ended = [lease_id for lease_id, lease in self._leases.items() if lease.expires_at <= now]
         for lease_id in ended:
             self.release(lease_id)
-        self.num_expired += len(ended)
         return ended
 
     def release_all(self) -> None:
