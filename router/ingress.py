@@ -12,6 +12,7 @@ from ray.serve.handle import DeploymentHandle
 from pdserve.router.grpc_service import GenerationServicer
 from pdserve.router.http_app import build_http_app
 from pdserve.router.metrics import RouterMetrics
+from pdserve.router.placement import placement_for
 from pdserve.router.serve_client import ServeEngineClient
 from pdserve.router.timing import TimingLog
 from pdserve.serving.config import ServedModel
@@ -48,6 +49,17 @@ class Router(GenerationServicer):
     def route_decisions(self) -> dict[str, dict[str, int]]:
         """Per model, how many requests took each path ("local" or "remote" prefill)."""
         return {name: dict(client.route_decisions) for name, client in self.clients.items()}
+
+    def placements(self) -> dict[str, dict[str, dict[str, dict]]]:
+        """Per model and pool, each replica as the KV-aware placement sees it (none under
+        Serve's default router, or before the pool's first call)."""
+        views: dict[str, dict[str, dict[str, dict]]] = {}
+        for name in self.clients:
+            for role in ("prefill", "decode"):
+                placement = placement_for(name, role)
+                if placement is not None:
+                    views.setdefault(name, {})[role] = placement.view()
+        return views
 
     async def planner_history(self) -> list[str]:
         """The SLA planner's decisions so far, one line each (empty when it does not run)."""

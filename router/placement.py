@@ -152,6 +152,19 @@ class PoolPlacement:
             if replica is not None:
                 replica.sent.pop(request_id, None)
 
+    def view(self) -> dict[str, dict]:
+        """Each replica as this placement sees it now (for operators and tests)."""
+        with self._lock:
+            return {
+                name: {
+                    "load_tokens": self._load(replica),
+                    "reported_load_tokens": replica.load_tokens,
+                    "cached_blocks": len(replica.cached) if replica.synced else None,
+                    "calls_in_flight": len(replica.sent),
+                }
+                for name, replica in self._replicas.items()
+            }
+
     def saturated(self, max_load_tokens: int) -> bool:
         """Whether every replica has at least ``max_load_tokens`` tokens of load."""
         with self._lock:

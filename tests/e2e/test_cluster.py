@@ -135,17 +135,29 @@ def test_greedy_equals_offline_on_both_paths(client, prompt_sets, expected, stre
     )
 
 
+def _wait_router_sees_no_load(timeout: float = 30.0) -> None:
+    """Until the router's placements see no load on any replica (reports come every
+    ``DEFAULT_ROUTING_STATS_PERIOD_S``)."""
+    router, deadline = serve.get_app_handle(APP_NAME), time.monotonic() + timeout
+    while True:
+        views = router.placements.remote().result().get(MODEL, {})
+        loads = [r["load_tokens"] for pool in views.values() for r in pool.values()]
+        if set(views) == {"prefill", "decode"} and not any(loads):
+            return
+        assert time.monotonic() < deadline, views
+        time.sleep(DEFAULT_ROUTING_STATS_PERIOD_S / 5)
+
+
 def test_prompts_prefill_locally_when_short_or_cached_at_the_decoder(client, offline):
     short, long = _prompts(seed=2, lengths=[7, 1000])
     want = _greedy(offline, [short, long])
     before = _route_decisions()
     outputs = []
     for prompt in (short, long, long):  # the repeat finds the whole prompt at its decode replica
-        # Once the replicas' load reports show the last request's blocks free again: until then
-        # the replica holding the prefix also looks loaded by as much, and the router may choose
-        # the other. Serve collects the reports every DEFAULT_ROUTING_STATS_PERIOD_S.
+        # Once the router sees the last request's blocks free again: until then the replica
+        # holding the prefix also looks loaded by as much, and the router may choose the other.
         wait_all_free(POOLS)
-        time.sleep(3 * DEFAULT_ROUTING_STATS_PERIOD_S)
+        _wait_router_sees_no_load()
         response = client.completions.create(
             model=MODEL, prompt=prompt, extra_body=GREEDY_EXTRA, **GREEDY
         )

@@ -1,5 +1,6 @@
 """The cluster-latency benchmark, end to end at a tiny size, as a user runs it against a running
-cluster (the session's): every run reports finite numbers."""
+cluster (the session's): the workload it reports is the one asked for, the disaggregated run sends
+the long prompts remote, and every table's figures hold together."""
 
 import math
 import subprocess
@@ -9,6 +10,11 @@ from pathlib import Path
 import pytest
 
 from pdserve.benchmarks.stream_timing import TokenClock, arrival_offsets
+from pdserve.benchmarks.workload import FULL, make_workload
+from pdserve.engine.config import ModelConfig
+from pdserve.serving.config import DEFAULT_LOCAL_PREFILL_MAX_TOKENS
+
+NUM_REQUESTS, MAX_OUTPUT_LEN = 4, 4
 
 ROWS = ("offline", "aggregated", "disaggregated")
 
@@ -33,9 +39,12 @@ def test_arrivals_are_seeded_poisson_or_all_at_once() -> None:
 
 
 @pytest.mark.slow  # the app deployed twice: 40-110 s on a busy 2-core machine
-def test_every_run_reports_finite_numbers(ray_cluster, tiny_model_dir: Path) -> None:
+def test_every_run_reports_its_workload_and_consistent_figures(
+    ray_cluster, tiny_model_dir: Path
+) -> None:
     pdserve = Path(sys.executable).with_name("pdserve")
-    argv = ["--model", str(tiny_model_dir), "--num-requests", "4", "--max-output-len", "4"]
+    argv = ["--model", str(tiny_model_dir), "--num-requests", str(NUM_REQUESTS)]
+    argv += ["--max-output-len", str(MAX_OUTPUT_LEN)]
     argv += ["--request-rate", "inf", "--warmup", "1", "--overhead-requests", "4"]
     argv += ["--address", ray_cluster.address, "--http-port", str(ray_cluster.http_port)]
     argv += ["--grpc-port", str(ray_cluster.grpc_port)]
@@ -49,9 +58,25 @@ def test_every_run_reports_finite_numbers(ray_cluster, tiny_model_dir: Path) -> 
         if line.startswith("| "):
             name, *cells = (cell.strip() for cell in line.strip("|").split("|"))
             rows[name] = cells
+    # The workload as the bench makes it: its requests, output tokens and remote prefills.
+    vocab = ModelConfig.from_pretrained(tiny_model_dir).vocab_size
+    output_len = (FULL.output_len[0], MAX_OUTPUT_LEN)
+    shape = FULL._replace(num_requests=NUM_REQUESTS, output_len=output_len)
+    workload = make_workload(vocab, shape)
+    outputs = sum(w.output_len for w in workload)
+    assert f"{NUM_REQUESTS} requests, all at once;" in run.stdout
+    assert f"{outputs} in all" in run.stdout
+    remote = sum(len(w.prompt) >= DEFAULT_LOCAL_PREFILL_MAX_TOKENS for w in workload)
+    assert f"{remote} of {NUM_REQUESTS} prefilled remotely" in run.stdout
+    base_ttft, base_itl, base_rate = (float(rows["offline"][i]) for i in (0, 2, 4))
     for name in ROWS:
-        numbers = [float(cell.removesuffix("x")) for cell in rows[name]]
-        assert len(numbers) == 8 and all(math.isfinite(n) and n > 0 for n in numbers), name
+        ttft50, ttft99, itl50, itl99, rate, *ratios = (
+            float(cell.removesuffix("x")) for cell in rows[name]
+        )
+        assert 0 < ttft50 <= ttft99 and 0 < itl50 <= itl99 and rate > 0, name
+        # The ratio columns are the run's figures over the offline engine's (rounded to 0.01).
+        want = (ttft50 / base_ttft, itl50 / base_itl, rate / base_rate)
+        assert all(abs(r - w) <= 0.01 + 0.02 * w for r, w in zip(ratios, want, strict=True)), name
     # The TTFT taken apart: every part a finite p50 and p99; the router's share is positive (the
     # other differences, of two processes' spans, need not be).
     prefixes = (

@@ -60,6 +60,12 @@ class ScriptedClient:
         pass
 
 
+async def _closed(client: ScriptedClient, num_streams: int) -> None:
+    """Returns once ``num_streams`` streams were closed early (under ``_run``'s deadline)."""
+    while len(client.closed_early) < num_streams:
+        await asyncio.sleep(0)
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, TIMEOUT_S))
 
@@ -94,7 +100,7 @@ def test_a_refusal_raises_and_aborts_the_rest() -> None:
     async def main() -> None:
         with pytest.raises(EngineOverloadedError):
             await start_group(client, "req", [[1]], SamplingParams(n=3))
-        await asyncio.sleep(0.01)  # let the cancelled drains run their cleanup
+        await _closed(client, 2)  # the cancelled drains close their streams
 
     _run(main())
     assert sorted(client.closed_early) == ["req-0", "req-2"]
@@ -108,7 +114,7 @@ def test_close_aborts_unfinished_requests() -> None:
         async for _ in group:
             break
         group.close()
-        await asyncio.sleep(0.01)
+        await _closed(client, 2)
 
     _run(main())
     assert sorted(client.closed_early) == ["req-0", "req-1"]
