@@ -36,11 +36,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator["SessionCluster"]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["SessionCluster"]:
     """The session's one Ray cluster with Serve (tests/ray_cluster.py), started on first use."""
     from pdserve.tests.ray_cluster import session_cluster
 
-    with session_cluster() as cluster:
+    with session_cluster(tmp_path_factory.mktemp("ray")) as cluster:
         yield cluster
 
 

@@ -2,12 +2,8 @@
 Prometheus (where the package is installed), Ctrl-C, and no Ray or Prometheus process left behind.
 Free ports stand in for the default ones, which another program may hold."""
 
-import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,11 +12,10 @@ import openai
 import pytest
 
 from pdserve.cluster.serve import free_port
+from pdserve.tests.serve_process import EXIT_TIMEOUT_S, pdserve_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_ray_cluster]
 
-STARTUP_TIMEOUT_S = 240.0
-EXIT_TIMEOUT_S = 60.0
 RAY_DAEMONS = ("raylet", "gcs_server")
 
 
@@ -42,29 +37,14 @@ def _listening(port: int) -> bool:
 
 def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
     before = _ray_daemon_pids()
-    pdserve = Path(sys.executable).with_name("pdserve")
     http_port = free_port()
     flags = ["--http-port", str(http_port), "--grpc-port", str(free_port())]
     prometheus_port = free_port() if shutil.which("prometheus") else None
     if prometheus_port is not None:
         flags += ["--prometheus", "--prometheus-port", str(prometheus_port)]
-    server = subprocess.Popen(
-        [str(pdserve), "serve", *flags],
-        cwd=tmp_path,  # the built-in model is made in ./models/tiny
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        deadline, printed = time.monotonic() + STARTUP_TIMEOUT_S, []
-        for line in server.stdout:
-            printed.append(line)
-            if "Ctrl-C" in line:
-                break
-            assert time.monotonic() < deadline, "pdserve serve did not come up in time"
-        else:
-            raise AssertionError(f"pdserve serve exited early with {server.wait()}")
+    # In tmp_path: the built-in model is made in ./models/tiny.
+    with pdserve_serve(flags, tmp_path) as log:
+        printed = log.read_text().splitlines()
         assert (tmp_path / "models" / "tiny" / "config.json").is_file()
         if prometheus_port is not None:
             url = f"http://127.0.0.1:{prometheus_port}"
@@ -84,10 +64,6 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
             chunks = list(stream)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[-1].choices[0].finish_reason == "length"
-    finally:
-        server.send_signal(signal.SIGINT)
-        returncode = server.wait(timeout=EXIT_TIMEOUT_S)
-    assert returncode == 0
     deadline = time.monotonic() + EXIT_TIMEOUT_S
     while (left := _ray_daemon_pids() - before) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -1,14 +1,16 @@
-"""The disaggregated cluster across Ray nodes: prefill and decode replicas placed on different
-simulated nodes of the session's ``ray.cluster_utils.Cluster`` (tests/ray_cluster.py) by custom
-resources, KV pulled over NIXL.
+"""The disaggregated cluster across Ray nodes that the autoscaler adds for it: prefill and decode
+replicas ask for ``prefill_node`` and ``decode_node``, which only the node types of the session's
+fake autoscaling cluster offer (tests/ray_cluster.py), so Ray's autoscaler adds one node of each
+and the pools run there, KV pulled over NIXL between them; once the app is gone, the idle nodes
+are removed.
 
-The head node carries no custom resource (Serve's controller and the router ask for none); one
-worker node offers ``prefill_node`` and the other ``decode_node``, and each pool asks for its
-own. Every prompt is long enough to take the remote path, so each decode pulls the prompt's KV
-from the other node. The nodes of a local ``Cluster``
-are separate raylets, but all on this host: NIXL (UCX) moves the blocks between two processes on
-one machine, not over a network.
+The head node carries no custom resource (Serve's controller and the router ask for none). Every
+prompt is long enough to take the remote path, so each decode pulls the prompt's KV from the
+other node. The nodes are separate raylets, but all on this host: NIXL (UCX) moves the blocks
+between two processes on one machine, not over a network.
 """
+
+import time
 
 import openai
 import pytest
@@ -91,9 +93,10 @@ def _replica_node(address: str, pool: str) -> str:
     return actor.node_id
 
 
-def test_pools_run_on_their_own_nodes(ray_cluster, served):
+def test_the_autoscaler_adds_a_node_per_pool_and_the_pools_run_there(ray_cluster, served):
     placed = {pool: _replica_node(ray_cluster.address, pool) for pool in ("prefill", "decode")}
-    assert placed == ray_cluster.node_ids
+    added = {pool: ray_cluster.nodes_offering(r) for pool, r in POOL_RESOURCES.items()}
+    assert added == {pool: [node] for pool, node in placed.items()}
     assert placed["prefill"] != placed["decode"]
 
 
@@ -119,3 +122,11 @@ def test_every_block_ends_free_on_both_nodes(served):
     stats = wait_all_free(POOLS, timeout=IDLE_TIMEOUT_S)
     assert all(s["kv_pinned_blocks"] == 0 for s in stats.values())
     assert all(s["kv_num_leases_expired"] == 0 for s in stats.values())
+
+
+def test_the_idle_nodes_go_once_the_app_is_deleted(ray_cluster, served):
+    serve.delete(APP_NAME)  # before the fixture does: the nodes idle from now on
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    while up := [n for r in POOL_RESOURCES.values() for n in ray_cluster.nodes_offering(r)]:
+        assert time.monotonic() < deadline, f"nodes still up: {up}"
+        time.sleep(1.0)

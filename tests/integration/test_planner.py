@@ -1,6 +1,6 @@
-"""The SLA planner on a real cluster and a real Prometheus: a rising load grows both pools, the
-end of it shrinks them back, and every stream meanwhile completes with the offline engine's
-tokens.
+"""The SLA planner on a real cluster and a real Prometheus, started by ``pdserve serve --config``:
+a rising load grows both pools, the end of it shrinks them back, and every stream meanwhile
+completes with the offline engine's tokens.
 
 The model is profiled for real (``pdserve profile``, a small grid). The targets are met at one
 request a second and missed at six (512-token prompts, 64 tokens out, on two cores), where the
@@ -16,14 +16,15 @@ from pathlib import Path
 import openai
 import pytest
 import torch
+import yaml
 from ray import serve
 
 from pdserve.cluster import cli
-from pdserve.cluster.prometheus import PrometheusServer
 from pdserve.cluster.serve import APP_NAME, free_port
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.tests.e2e.serve_replicas import token_ids
+from pdserve.tests.serve_process import pdserve_serve
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,8 +54,9 @@ def profile(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_cluster, tiny_model_dir: Path, profile: Path):
-    prometheus_port = free_port()
+def cluster(ray_cluster, tiny_model_dir: Path, profile: Path, tmp_path_factory):
+    """``pdserve serve --config`` with the planner on, as an operator runs it on a cluster that is
+    up (the session's); the planner reads the Prometheus that ``pdserve serve`` starts."""
     pool = {"replicas": 1, "min_replicas": 1, "max_replicas": 3}
     model = {
         "name": MODEL,
@@ -65,18 +67,14 @@ def cluster(ray_cluster, tiny_model_dir: Path, profile: Path):
         "routing": {"local_prefill_max_tokens": 64},
         "sla": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
     }
-    planner = {
-        "enabled": True,
-        "interval_s": INTERVAL_S,
-        "prometheus_url": f"http://127.0.0.1:{prometheus_port}",
-        "profile": str(profile),
-    }
-    prometheus = PrometheusServer(prometheus_port)
-    try:
-        with ray_cluster.serving(ray_cluster.config([model], planner=planner)) as config:
-            yield config
-    finally:
-        prometheus.stop()
+    planner = {"enabled": True, "interval_s": INTERVAL_S, "profile": str(profile)}
+    config = ray_cluster.config([model], planner=planner)
+    workdir = tmp_path_factory.mktemp("planner")
+    path = workdir / "cluster.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    args = ["--config", str(path), "--address", ray_cluster.address]
+    with pdserve_serve([*args, "--prometheus-port", str(free_port())], workdir):
+        yield config
 
 
 def _replicas(states: tuple[str, ...] = ("RUNNING",)) -> dict[str, int]:
