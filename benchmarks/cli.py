@@ -17,6 +17,10 @@ SUBCOMMANDS = {
         "pdserve.benchmarks.kv_transfer",
         "KV transfer between two Ray actors: NIXL pull and push, the object store, a copy",
     ),
+    "ramp": (
+        "pdserve.benchmarks.ramp",
+        "a stepped request rate against a server with its planner on: replicas and latency",
+    ),
     "cluster-latency": (
         "pdserve.benchmarks.cluster_latency",
         "TTFT and ITL through the cluster (aggregated, disaggregated) vs offline",

@@ -107,7 +107,7 @@ T = TypeVar("T")
 
 async def _over_http(config: ClusterConfig, use: Callable[[Send], Awaitable[T]]) -> T:
     name = config.models[0].name
-    async with http_client(config.http_port) as sdk:
+    async with http_client(f"http://127.0.0.1:{config.http_port}") as sdk:
         return await use(lambda item: http_request(sdk, name, item))
 
 
@@ -153,7 +153,7 @@ def router_overhead(
 
     async def measure_all() -> list[tuple[float, float, float]]:
         rows = []
-        async with http_client(config.http_port) as sdk:
+        async with http_client(f"http://127.0.0.1:{config.http_port}") as sdk:
             for prompt in prompts:
                 item = WorkItem(prompt, 1)
                 local = (await in_process(item)).ttft

@@ -105,10 +105,10 @@ async def http_request(sdk: openai.AsyncOpenAI, model: str, item: WorkItem) -> T
     return clock.timing(item.output_len)
 
 
-def http_client(port: int) -> openai.AsyncOpenAI:
-    base_url = f"http://127.0.0.1:{port}/v1"
+def http_client(url: str) -> openai.AsyncOpenAI:
+    """An OpenAI client of the server at ``url`` (e.g. ``http://127.0.0.1:8000``, no /v1)."""
     return openai.AsyncOpenAI(
-        base_url=base_url, api_key="unused", max_retries=0, timeout=HTTP_TIMEOUT_S
+        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=HTTP_TIMEOUT_S
     )
 
 

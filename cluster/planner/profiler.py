@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from pdserve.cluster.planner.profile import DecodePoint, PrefillPoint, Profile
+from pdserve.cluster.plotting import pyplot
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.sampling_params import SamplingParams
@@ -92,17 +93,24 @@ def decode_step_seconds(
 
 def profile_model(args: argparse.Namespace) -> Profile:
     torch.set_num_threads(args.threads)
-    longest = max(max(args.prefill_tokens), max(args.decode_contexts) + DECODE_STEPS + 2)
     engine = LLMEngine(EngineConfig(model=str(args.model), dtype=args.dtype))
-    if longest >= engine.max_model_len:
-        raise ValueError(f"the model serves {engine.max_model_len} tokens; asked for {longest}")
+    # The grid's points the model serves: a prompt and its first token, a context and its steps.
+    limit = engine.max_model_len
+    prefill_tokens = [n for n in args.prefill_tokens if n < limit]
+    contexts = [c for c in args.decode_contexts if c + DECODE_STEPS + 2 < limit]
+    if not prefill_tokens or not contexts:
+        raise ValueError(f"the model serves {limit} tokens: no point of the grid fits")
+    skipped = sorted(set(args.prefill_tokens) - set(prefill_tokens))
+    skipped += [f"context {c}" for c in args.decode_contexts if c not in contexts]
+    if skipped:
+        print(f"profile: the model serves {limit} tokens; skipping {skipped}", flush=True)
     prompts = _Prompts(engine.model_config.vocab_size)
     prefill_seconds(engine, prompts, WARMUP_TOKENS, 1)
     decode_step_seconds(engine, prompts, WARMUP_BATCH, WARMUP_TOKENS, DECODE_STEPS)
-    decode_grid = [(b, c) for c in args.decode_contexts for b in args.decode_batches]
-    with tqdm(total=len(args.prefill_tokens) + len(decode_grid), desc="profile") as bar:
+    decode_grid = [(b, c) for c in contexts for b in args.decode_batches]
+    with tqdm(total=len(prefill_tokens) + len(decode_grid), desc="profile") as bar:
         prefill = []
-        for tokens in args.prefill_tokens:
+        for tokens in prefill_tokens:
             seconds = prefill_seconds(engine, prompts, tokens, PREFILL_RUNS)
             prefill.append(PrefillPoint(tokens, seconds))
             bar.update()
@@ -132,12 +140,8 @@ def _cpu_name() -> str:
 
 def plot(profile: Profile, path: Path) -> bool:
     """Both curves as a PNG; False (nothing written) where matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     points = sorted(profile.prefill, key=lambda p: p.tokens)

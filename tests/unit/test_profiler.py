@@ -27,3 +27,20 @@ def test_profile_writes_what_the_planner_reads(
     assert profile.decode_step_seconds(16, 256) > profile.decode_step_seconds(1, 256)
     pytest.importorskip("matplotlib")
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_grid_points_the_model_cannot_serve_are_skipped(
+    tiny_model_dir: Path, tmp_path: Path, torch_threads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The tiny model serves 2048 tokens: the default grid's 2048-token prompt does not fit.
+    out = tmp_path / "profile.json"
+    argv = ["profile", "--model", str(tiny_model_dir), "--out", str(out), "--threads", "1"]
+    argv += ["--decode-batches", "1", "2"]
+    grid = ["--prefill-tokens", "16", "64", "2048", "--decode-contexts", "64", "2040"]
+    assert cli.main([*argv, *grid]) == 0
+    assert "skipping [2048, 'context 2040']" in capsys.readouterr().out
+    profile = Profile.load(out)
+    assert [p.tokens for p in profile.prefill] == [16, 64] and profile.contexts == [64]
+    too_long = ["--prefill-tokens", "4096", "--decode-contexts", "64"]
+    with pytest.raises(ValueError, match="no point of the grid fits"):
+        cli.main([*argv, *too_long])

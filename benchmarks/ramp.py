@@ -1,0 +1,238 @@
+"""``pdserve bench ramp``: a load that steps through rates against a serving pdserve whose SLA
+planner is on, and what the planner did about it.
+
+Requests (new random prompts of ``--prompt-len`` tokens, ``--max-tokens`` out, streamed) are sent
+as a Poisson process whose rate steps through ``--stages`` (``rate:seconds,...``). Every
+``--sample-s`` the planner's target and the running replicas per pool are read from Prometheus
+(``ray_pdserve_planner_target_replicas``, ``ray_pdserve_pool_running_replicas``), and the model's
+targets from its SLA gauges. Writes ``--out`` (JSON: every request's send time, TTFT and ITLs, the
+samples, and per window of ``--window-s`` the offered rate and TTFT/ITL p95) and a PNG beside it
+over time: offered rate, replicas per pool, TTFT and ITL p95 against the targets.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from pdserve.benchmarks.stream_timing import Timing, http_client, http_request
+from pdserve.benchmarks.workload import WorkItem
+from pdserve.cluster.plotting import pyplot
+
+POOLS = ("prefill", "decode")
+
+
+class Stage(NamedTuple):
+    rate: float  # requests/s
+    seconds: float
+
+
+class Sent(NamedTuple):
+    at: float  # seconds from the run's start
+    timing: Timing | None  # None: the request failed
+    error: str | None
+
+
+def parse_stages(text: str) -> list[Stage]:
+    """``"1:30,6:45"`` -> 1 request/s for 30 s, then 6 for 45 s."""
+    stages = []
+    for part in text.split(","):
+        rate, _, seconds = part.partition(":")
+        stage = Stage(float(rate), float(seconds))
+        if stage.rate <= 0 or stage.seconds <= 0:
+            raise ValueError(f"a stage is rate:seconds, both > 0; got {part!r}")
+        stages.append(stage)
+    return stages
+
+
+def send_times(stages: list[Stage], seed: int) -> list[float]:
+    """A Poisson process whose rate steps through the stages, as offsets from the start."""
+    rng, times, start = random.Random(seed), [], 0.0
+    for stage in stages:
+        t = start + rng.expovariate(stage.rate)
+        while t < start + stage.seconds:
+            times.append(t)
+            t += rng.expovariate(stage.rate)
+        start += stage.seconds
+    return times
+
+
+def windows(sent: list[Sent], seconds: float, window_s: float) -> list[dict]:
+    """Per window of the run: requests sent, the offered rate, and TTFT/ITL p95 (ms) of the
+    requests sent in it (None where none completed)."""
+    rows = []
+    for start in np.arange(0.0, seconds, window_s):
+        inside = [s for s in sent if start <= s.at < start + window_s]
+        done = [s.timing for s in inside if s.timing is not None]
+        gaps = [gap for t in done for gap in t.itls]
+        rows.append(
+            {
+                "start_s": float(start),
+                "sent": len(inside),
+                "rate": len(inside) / window_s,
+                "ttft_p95_ms": float(np.percentile([t.ttft for t in done], 95) * 1e3)
+                if done
+                else None,
+                "itl_p95_ms": float(np.percentile(gaps, 95) * 1e3) if gaps else None,
+            }
+        )
+    return rows
+
+
+def _query(prometheus: str, promql: str) -> list[dict]:
+    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)["data"]["result"]
+
+
+def _by_pool(prometheus: str, metric: str, model: str) -> dict[str, float]:
+    results = _query(prometheus, f'{metric}{{model_name="{model}"}}')
+    return {r["metric"]["pool"]: float(r["value"][1]) for r in results}
+
+
+def _sla_ms(prometheus: str, model: str) -> dict[str, float | None]:
+    """The model's targets as the router exports them (None before it has)."""
+    targets = {}
+    for name in ("ttft", "itl"):
+        results = _query(prometheus, f'ray_pdserve_sla_{name}_seconds{{model_name="{model}"}}')
+        targets[name] = float(results[0]["value"][1]) * 1e3 if results else None
+    return targets
+
+
+async def _sample(args: argparse.Namespace, start: float, until: asyncio.Event) -> list[dict]:
+    samples = []
+    while not until.is_set():
+        row = {"at": time.perf_counter() - start}
+        for key, metric in (
+            ("target", "ray_pdserve_planner_target_replicas"),
+            ("running", "ray_pdserve_pool_running_replicas"),
+        ):
+            row[key] = await asyncio.to_thread(_by_pool, args.prometheus, metric, args.model)
+        samples.append(row)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(until.wait(), args.sample_s)
+    return samples
+
+
+async def _run_load(
+    args: argparse.Namespace, stages: list[Stage], vocab: int
+) -> tuple[list[Sent], list[dict], float]:
+    offsets = send_times(stages, args.seed)
+    rng = random.Random(args.seed + 1)
+    items = [
+        WorkItem([rng.randrange(vocab) for _ in range(args.prompt_len)], args.max_tokens)
+        for _ in offsets
+    ]
+    start, done = time.perf_counter(), asyncio.Event()
+    sampler = asyncio.ensure_future(_sample(args, start, done))
+    async with http_client(args.url) as sdk:
+
+        async def one(offset: float, item: WorkItem) -> Sent:
+            await asyncio.sleep(start + offset - time.perf_counter())
+            try:
+                return Sent(offset, await http_request(sdk, args.model, item), None)
+            except Exception as error:  # counted and reported: the run goes on
+                return Sent(offset, None, repr(error))
+
+        sent = await asyncio.gather(*map(one, offsets, items))
+        # Load over: keep sampling while the planner shrinks the pools again.
+        await asyncio.sleep(args.cooldown_s)
+    done.set()
+    return list(sent), await sampler, time.perf_counter() - start
+
+
+def _request_row(sent: Sent) -> dict:
+    if sent.timing is None:
+        return {"at": sent.at, "error": sent.error}
+    return {"at": sent.at, "ttft": sent.timing.ttft, "itls": sent.timing.itls}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def plot(result: dict, path: Path) -> bool:
+    """Offered rate, replicas per pool and TTFT/ITL p95 over time; False without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, (load, replicas, ttft, itl) = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    rows = result["windows"]
+    at = [w["start_s"] for w in rows]
+    load.step(at, [w["rate"] for w in rows], where="post", label="offered")
+    load.set(ylabel="requests/s", title=f"{result['model']}: {result['command']}")
+    for pool in POOLS:
+        samples = result["samples"]
+        times = [s["at"] for s in samples]
+        target = [s["target"].get(pool, np.nan) for s in samples]
+        running = [s["running"].get(pool, np.nan) for s in samples]
+        replicas.step(times, target, where="post", label=f"{pool} target")
+        replicas.plot(times, running, "o", markersize=3, label=f"{pool} running")
+    replicas.set(ylabel="replicas")
+    replicas.legend(loc="upper right", fontsize="small")
+    for axes, key, name in ((ttft, "ttft_p95_ms", "ttft"), (itl, "itl_p95_ms", "itl")):
+        p95 = [np.nan if w[key] is None else w[key] for w in rows]
+        axes.plot(at, p95, marker="o", markersize=3, label="p95")
+        if result["targets_ms"][name] is not None:
+            axes.axhline(result["targets_ms"][name], color="red", linestyle="--", label="target")
+        axes.set(ylabel=f"{name.upper()} p95 ms", yscale="log")
+        axes.legend(loc="upper right", fontsize="small")
+    itl.set(xlabel="seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server (no /v1)")
+    parser.add_argument("--prometheus", default="http://127.0.0.1:9090")
+    parser.add_argument("--model", default="tiny", help="the served model's name")
+    parser.add_argument("--vocab-size", type=int, default=4096, help="prompt token ids below it")
+    parser.add_argument("--stages", default="1:60,6:60,1:60", help="rate:seconds,... (req/s)")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--cooldown-s", type=float, default=60.0, help="sampling after the load")
+    parser.add_argument("--sample-s", type=float, default=2.0, help="Prometheus reads")
+    parser.add_argument("--window-s", type=float, default=10.0, help="per-window latencies")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("ramp.json"))
+
+
+def run(args: argparse.Namespace) -> int:
+    stages = parse_stages(args.stages)
+    sent, samples, seconds = asyncio.run(_run_load(args, stages, args.vocab_size))
+    failed = [s.error for s in sent if s.error is not None]
+    result = {
+        "model": args.model,
+        "command": f"pdserve bench ramp --stages {args.stages} --prompt-len {args.prompt_len} "
+        f"--max-tokens {args.max_tokens} --seed {args.seed}",
+        "stages": [s._asdict() for s in stages],
+        "targets_ms": _sla_ms(args.prometheus, args.model),
+        "requests": [_request_row(s) for s in sent],
+        "samples": samples,
+        "windows": windows(sent, seconds, args.window_s),
+    }
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"{len(sent)} requests, {len(failed)} failed, over {seconds:.0f} s; wrote {args.out}")
+    print("| window s | offered req/s | TTFT p95 ms | ITL p95 ms | replicas (prefill, decode) |")
+    print("|---|---|---|---|---|")
+    for row in result["windows"]:
+        during = [s for s in samples if row["start_s"] <= s["at"] < row["start_s"] + args.window_s]
+        most = {pool: max((s["running"].get(pool, 0) for s in during), default=0) for pool in POOLS}
+        print(
+            f"| {row['start_s']:.0f} | {row['rate']:.1f} | {_ms(row['ttft_p95_ms'])} "
+            f"| {_ms(row['itl_p95_ms'])} | {most['prefill']:.0f}, {most['decode']:.0f} |"
+        )
+    png = args.out.with_suffix(".png")
+    if plot(result, png):
+        print(f"plotted {png}")
+    return 1 if failed else 0
