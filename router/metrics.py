@@ -19,6 +19,7 @@ from pdserve.serving.metrics import (
     REQUEST_LATENCY_BUCKETS,
     ROUTER_TAGS,
     TTFT_BUCKETS,
+    HeldGauges,
     counter,
     gauge,
     histogram,
@@ -59,13 +60,14 @@ class RouterMetrics:
         self.target_replicas = gauge(
             "pool_target_replicas", "Replicas a pool is meant to have.", (*t, "pool")
         )
+        self._held = HeldGauges()
 
     def publish_targets(self, served: ServedModel) -> None:
         tags = {"model_name": served.name}
-        self.sla_ttft.set(served.sla.ttft_ms / 1000, tags)
-        self.sla_itl.set(served.sla.itl_ms / 1000, tags)
+        self._held.set(self.sla_ttft, served.sla.ttft_ms / 1000, tags)
+        self._held.set(self.sla_itl, served.sla.itl_ms / 1000, tags)
         for pool, config in (("prefill", served.prefill), ("decode", served.decode)):
-            self.target_replicas.set(config.replicas, {**tags, "pool": pool})
+            self._held.set(self.target_replicas, config.replicas, {**tags, "pool": pool})
 
     def count_decision(self, model_name: str, decision: str, reason: str) -> None:
         tags = {"model_name": model_name, "decision": decision, "reason": reason}

@@ -7,17 +7,24 @@ dashboard see ``ray_pdserve_time_to_first_token_seconds_bucket``,
 ``GET /metrics`` on the HTTP port gathers them from every node (``router/metrics_endpoint.py``).
 
 Ray's histograms keep exact counts and buckets, but build ``_sum`` from bucket midpoints: totals
-come from counters (``prompt_tokens``), never from a histogram's sum.
+come from counters (``prompt_tokens``), never from a histogram's sum. Ray exports a gauge's value
+only for a report or two after it was set (the SLA targets, set once, vanished from Prometheus a
+few seconds after start), so a gauge that holds a value until it changes goes through
+``HeldGauges``, which sets it again every ``HELD_GAUGE_PERIOD_S``.
 
 The metric objects talk to Ray's core worker, so they are made in the process that records them
 (a replica), not at import.
 """
 
+import threading
+import time
 from collections.abc import Sequence
 
 from ray.util import metrics
 
 PREFIX = "pdserve_"
+# Below the shortest interval at which Ray's processes report (2 s on a cluster pdserve starts).
+HELD_GAUGE_PERIOD_S = 1.0
 EXPORTER_PREFIX = "ray_"
 # The names Prometheus gets for the metrics made in this process (a series appears once it has a
 # value: a counter never incremented is not scraped yet, but its name is still ours).
@@ -78,3 +85,27 @@ def histogram(
     return metrics.Histogram(
         name, description=description, boundaries=list(buckets), tag_keys=tuple(tags)
     )
+
+
+class HeldGauges:
+    """Gauge values that hold until set again: each is set now and then every
+    ``HELD_GAUGE_PERIOD_S`` from a thread of its own, so Ray keeps exporting it."""
+
+    def __init__(self, period_s: float = HELD_GAUGE_PERIOD_S) -> None:
+        self._values: dict[tuple[int, frozenset], tuple[metrics.Gauge, float, dict]] = {}
+        self._lock = threading.Lock()
+        self._period_s = period_s
+        threading.Thread(target=self._hold, name="pdserve-gauges", daemon=True).start()
+
+    def set(self, gauge: metrics.Gauge, value: float, tags: dict[str, str]) -> None:
+        with self._lock:
+            self._values[id(gauge), frozenset(tags.items())] = (gauge, value, tags)
+        gauge.set(value, tags)
+
+    def _hold(self) -> None:
+        while True:
+            time.sleep(self._period_s)
+            with self._lock:
+                held = list(self._values.values())
+            for gauge, value, tags in held:
+                gauge.set(value, tags)

@@ -20,7 +20,7 @@ from pdserve.cluster.planner.prometheus_source import PrometheusSource
 from pdserve.cluster.planner.serve_scaler import ServeScaler
 from pdserve.cluster.planner.sizing import Targets
 from pdserve.serving.config import ClusterConfig, PlannerConfig, PoolConfig, ServedModel
-from pdserve.serving.metrics import ROUTER_TAGS, gauge
+from pdserve.serving.metrics import ROUTER_TAGS, HeldGauges, gauge
 
 logger = logging.getLogger(__name__)
 # The shortest window the planner reads: three of Prometheus' 5 s scrapes (deploy/prometheus/),
@@ -52,6 +52,7 @@ class PlannerMetrics:
         self.corrections = gauge(
             "planner_correction", "Observed over predicted, by pool.", (*t, "pool")
         )
+        self._held = HeldGauges()
 
     def record(
         self,
@@ -63,15 +64,15 @@ class PlannerMetrics:
     ) -> None:
         tags = {"model_name": model}
         for pool, target in (("prefill", decision.prefill), ("decode", decision.decode)):
-            self.target.set(target, {**tags, "pool": pool})
+            self._held.set(self.target, target, {**tags, "pool": pool})
         for pool, count in running.items():
-            self.running.set(count, {**tags, "pool": pool})
+            self._held.set(self.running, count, {**tags, "pool": pool})
         for figure in ("rate", "isl", "osl", "ttft_s", "itl_s", "decode_batch"):
             value = getattr(seen, figure)
             if value is not None:
-                self.observed.set(value, {**tags, "figure": figure})
+                self._held.set(self.observed, value, {**tags, "figure": figure})
         for pool, value in zip(("prefill", "decode"), corrections, strict=True):
-            self.corrections.set(value, {**tags, "pool": pool})
+            self._held.set(self.corrections, value, {**tags, "pool": pool})
 
 
 class Planner:

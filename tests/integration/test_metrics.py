@@ -29,6 +29,7 @@ from pdserve.cluster.prometheus import PrometheusServer
 from pdserve.cluster.serve import free_port
 from pdserve.router.metrics import RouterMetrics
 from pdserve.serving import metrics
+from pdserve.serving.config import SLAConfig
 from pdserve.serving.worker_metrics import WorkerMetrics
 from pdserve.tests.e2e.serve_replicas import wait_all_free
 
@@ -154,6 +155,26 @@ def test_prometheus_has_the_workload_totals(cluster, totals):
     _wait_for(
         prometheus, "max by (model_name) (ray_pdserve_kv_cache_usage_perc)", {DISAGG: 0, AGG: 0}
     )
+
+
+def test_the_targets_stay_exported_long_after_they_were_set(cluster, totals):
+    # Set once, when the router starts: each must be in (about) every scrape of the last 30 s (6,
+    # at Prometheus' 5 s), where Ray drops a gauge not set again within a report or two.
+    _, prometheus = cluster
+    targets = SLAConfig()
+    for name, value in (("ttft", targets.ttft_ms), ("itl", targets.itl_ms)):
+        series = f"ray_pdserve_sla_{name}_seconds"
+        _wait_for(
+            prometheus, f"max by (model_name) ({series})", {DISAGG: value / 1e3, AGG: value / 1e3}
+        )
+        scrapes = f"min by (model_name) (count_over_time({series}[30s]))"
+        deadline = time.monotonic() + WAIT_S
+        while not (
+            (got := _by_model(prometheus, scrapes)).keys() == {DISAGG, AGG}
+            and min(got.values()) >= 5
+        ):
+            assert time.monotonic() < deadline, (series, got)
+            time.sleep(1.0)
 
 
 def test_forced_preemptions_and_prefix_hits_show(cluster, totals):
