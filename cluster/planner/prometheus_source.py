@@ -2,9 +2,11 @@
 
 Per model, over a window of ``window_s`` seconds:
 
-- rate: requests that got their first token, per second (the TTFT histogram's count);
-- ISL, OSL: prompt and generated tokens per request (token counters summed over both pools,
-  where each token counts once: ``serving/metrics.py``);
+- rate: requests that arrived, per second (the router's route decisions, one per request as it
+  comes in): the offered load, which the requests that got their first token trail while the
+  pools are overloaded (sized from those, the planner shrank a pool that was missing its target);
+- ISL, OSL: prompt and generated tokens per request that got its first token (token counters
+  summed over both pools, where each token counts once: ``serving/metrics.py``);
 - TTFT, ITL: the histograms' means (Ray builds their ``_sum`` from bucket midpoints: close enough
   to correct a profile, not to report);
 - decode batch: the requests running on a decode replica, averaged over the window.
@@ -43,6 +45,7 @@ class PrometheusSource:
         def increase(metric: str, where: str = "") -> str:
             return f"sum by (model_name) (increase(ray_pdserve_{metric}{where}[{w}]))"
 
+        arrivals = self.query(increase("route_decisions_total"))
         requests = self.query(increase("time_to_first_token_seconds_count"))
         prompt = self.query(increase("prompt_tokens_total"))
         generated = self.query(increase("generation_tokens_total"))
@@ -62,7 +65,7 @@ class PrometheusSource:
         for model in models:
             n = requests.get(model, 0.0)
             seen[model] = Observation(
-                rate=n / window_s,
+                rate=arrivals.get(model, 0.0) / window_s,
                 isl=prompt.get(model, 0.0) / n if n else None,
                 osl=generated.get(model, 0.0) / n if n else None,
                 ttft_s=ttft.get(model),
