@@ -7,11 +7,8 @@ A line every ``interval_s`` while the replica has work (or had some in the last 
 idle cluster's logs stay quiet.
 """
 
-import logging
-
 from pdserve.engine.stats import EngineStats, IterationStats
-
-logger = logging.getLogger(__name__)
+from pdserve.serving.logs import replica_logger
 
 
 class StatsLog:
@@ -54,4 +51,4 @@ class StatsLog:
     def maybe_log(self, stats: EngineStats, now: float) -> None:
         text = self.line(stats, now)
         if text is not None:
-            logger.info(text)
+            replica_logger().info(text)

@@ -47,6 +47,7 @@ class SessionCluster:
     address: str  # the head's GCS
     http_port: int
     grpc_port: int
+    log_dir: Path  # the session's logs (every worker's stderr in worker-*.err)
 
     def config(self, models: list[dict[str, Any]], **fields: Any) -> ClusterConfig:
         """A cluster config for ``models`` on this cluster's Serve ports."""
@@ -136,7 +137,8 @@ def session_cluster(workdir: Path) -> Iterator[SessionCluster]:
     )
     try:
         connect(nodes.address, env_vars=SERVE_TEST_ENV)
-        cluster = SessionCluster(nodes.address, free_port(), free_port())
+        log_dir = Path(nodes.head_node.get_logs_dir_path())
+        cluster = SessionCluster(nodes.address, free_port(), free_port(), log_dir)
         start_proxies("127.0.0.1", cluster.http_port, cluster.grpc_port, location="HeadOnly")
         yield cluster
     finally:

@@ -7,7 +7,6 @@ takes no new requests and finishes its streams within Serve's graceful-shutdown 
 one line per decision and exports the figures it decided from.
 """
 
-import logging
 import threading
 import time
 
@@ -20,9 +19,9 @@ from pdserve.cluster.planner.prometheus_source import PrometheusSource
 from pdserve.cluster.planner.serve_scaler import ServeScaler
 from pdserve.cluster.planner.sizing import Targets
 from pdserve.serving.config import ClusterConfig, PlannerConfig, PoolConfig, ServedModel
+from pdserve.serving.logs import replica_logger
 from pdserve.serving.metrics import ROUTER_TAGS, HeldGauges, gauge
 
-logger = logging.getLogger(__name__)
 # The shortest window the planner reads: three of Prometheus' 5 s scrapes (deploy/prometheus/),
 # so a short interval still sees each counter rise between two samples.
 MIN_WINDOW_S = 15.0
@@ -99,7 +98,7 @@ class Planner:
             try:
                 self.plan()
             except Exception:  # Prometheus down, a controller hiccup: try again next interval
-                logger.exception("planner: this interval's decision failed")
+                replica_logger().exception("planner: this interval's decision failed")
 
     def plan(self) -> None:
         seen = self.source.observe(list(self.planners), max(self.interval_s, MIN_WINDOW_S))
@@ -121,5 +120,5 @@ class Planner:
                 running[pool] = running_now[deployment]
             self.current[name] = (decision.prefill, decision.decode)
             self.metrics.record(name, seen[name], decision, running, planner.corrections)
-            logger.info("planner: %s", decision.reason)
+            replica_logger().info("planner: %s", decision.reason)
             self.decisions.append(decision.reason)

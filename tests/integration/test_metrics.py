@@ -177,6 +177,16 @@ def test_the_targets_stay_exported_long_after_they_were_set(cluster, totals):
             time.sleep(1.0)
 
 
+def test_each_worker_logs_its_stats_line(ray_cluster, cluster, totals):
+    # On the replicas' stderr, which Ray keeps in worker-*.err and shows on the driver.
+    deadline = time.monotonic() + WAIT_S
+    for pool, model in (("prefill", DISAGG), ("decode", DISAGG), ("decode", AGG)):
+        pattern = re.compile(rf"{pool}-{model} \w+: prompt [\d.]+ tok/s, generation [\d.]+ tok/s")
+        while not any(pattern.search(f.read_text()) for f in ray_cluster.log_dir.glob("*.err")):
+            assert time.monotonic() < deadline, f"no stats line from {pool}-{model}"
+            time.sleep(1.0)
+
+
 def test_forced_preemptions_and_prefix_hits_show(cluster, totals):
     _, prometheus = cluster
     deadline = time.monotonic() + WAIT_S
