@@ -9,10 +9,9 @@ cached block hashes built from those events and scores a request's candidates on
 Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds.
 Between reports, what this router sent a replica counts there: the prompt's tokens as load until
 the call ends or a report made after the send counts it, and its blocks as cached for
-``RECENT_S`` (the prefix a burst
-shares is then as cheap there as it will be once prefilled). Ties go to a random one of the best:
-in order, the first replica would take every new prefix and thrash its cache while the others'
-went unused.
+``RECENT_S`` (the prefix a burst shares is then as cheap there as it will be once prefilled).
+Ties go to a random one of the best: in order, the first replica would take every new prefix and
+thrash its cache while the others' went unused.
 
 A replica whose event log has a gap (it sent more reports than one holds while this router heard
 none) or whose last report is older than ``STALE_S`` counts as caching nothing until its next
@@ -61,7 +60,7 @@ class _Replica:
 
     def apply(self, report: KVEventReport) -> None:
         if report.epoch != self.epoch:
-            self.epoch, self.next_seq, self.synced, self.cached = report.epoch, 0, False, set()
+            self.epoch, self.next_seq, self.cached = report.epoch, 0, set()
             self.synced = report.first_seq == 0  # a new log: its first report holds every event
         if self.synced and report.next_seq <= self.next_seq:
             return  # this report again (Serve repeats a replica's stats with other updates)
