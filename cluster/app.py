@@ -5,6 +5,7 @@
 ``{"config": "path/to.yaml"}``). A model with ``prefill.replicas: 0`` is served aggregated: its
 decode replicas prefill every prompt themselves. With ``planner.enabled``, a ``planner``
 deployment sizes the pools (the app must then be deployed with ``external_scaler_enabled``).
+The API keys (``cluster/access.py``) reach the router as digests.
 """
 
 from typing import Any
@@ -13,9 +14,11 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from pdserve.cluster.access import api_keys
 from pdserve.cluster.planner.deployment import Planner
 from pdserve.decode_worker.worker import DecodeWorker
 from pdserve.prefill_worker.worker import PrefillWorker
+from pdserve.router.api_keys import key_digest
 from pdserve.router.ingress import Router
 from pdserve.router.kv_routing import KVAwareRouter
 from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel
@@ -66,11 +69,14 @@ def build_app(args: dict[str, Any]) -> Application:
     if config.planner.enabled:
         planner = serve.deployment(
             Planner, name="planner", ray_actor_options={"num_cpus": PLANNER_NUM_CPUS}
-        ).bind(config.model_dump())
+        ).bind(config.model_dump(exclude={"api_keys"}))
     router = serve.deployment(
         Router,
         name="router",
         max_ongoing_requests=config.router_max_ongoing_requests,
         ray_actor_options={"num_cpus": ROUTER_NUM_CPUS},
     )
-    return router.bind([m.model_dump() for m in config.models], prefill, decode, planner)
+    # The router gets the keys' digests only: the keys stay in this process (router/api_keys.py).
+    digests = [key_digest(key) for key in api_keys(config)]
+    models = [m.model_dump() for m in config.models]
+    return router.bind(models, prefill, decode, planner, api_key_digests=digests)

@@ -12,6 +12,7 @@ import socket
 import threading
 from pathlib import Path
 
+from pdserve.cluster.access import API_KEY_ENV, warn_if_open
 from pdserve.cluster.prometheus import PrometheusServer, local_url, prometheus_binary
 from pdserve.cluster.serve_env import apply_serve_env
 from pdserve.serving.config import (
@@ -19,6 +20,7 @@ from pdserve.serving.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
     DEFAULT_LOG_STATS_INTERVAL_S,
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_PROMETHEUS_PORT,
     ClusterConfig,
 )
@@ -35,6 +37,8 @@ DEFAULT_MAX_REPLICAS = 4
 # Ports for free_port: above Ray's worker ports (10002-19999 by default), below Serve's
 # direct-ingress ports (30000+) and Linux's ephemeral ports (32768+).
 FREE_PORT_RANGE = (20000, 30000)
+# Where a local cluster's dashboard listens: its API can run code on the cluster.
+LOOPBACK = "127.0.0.1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kv-backend", choices=["auto", "nixl", "object_store"], default="auto")
     parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per replica")
+    parser.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=DEFAULT_MAX_CONCURRENT_REQUESTS,
+        help="the model's requests in flight in the router; one more gets 429 at once",
+    )
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"a key clients must send as `Authorization: Bearer KEY` (repeat for several; "
+        f"also read from {API_KEY_ENV}, which `ps` does not show)",
+    )
     parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     parser.add_argument("--address", help="join a running Ray cluster (e.g. auto); default: local")
@@ -77,12 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
-    """The config from ``--config`` or the flags; a planner (``--planner``, or enabled in the
-    file) without a Prometheus of its own reads the one ``run`` starts."""
+    """The config from ``--config`` or the flags, with the ``--api-key``s added to its keys; a
+    planner (``--planner``, or enabled in the file) without a Prometheus of its own reads the
+    one ``run`` starts."""
     config = _from_file_or_flags(args)
-    if not (args.planner or config.planner.enabled):
-        return config
     raw = config.model_dump()
+    raw["api_keys"] = [*config.api_keys, *args.api_key]
+    if not (args.planner or config.planner.enabled):
+        return ClusterConfig.model_validate(raw)
     planner = raw["planner"]
     planner["enabled"] = True
     planner["prometheus_url"] = planner["prometheus_url"] or local_url(args.prometheus_port)
@@ -122,6 +142,7 @@ def _from_file_or_flags(args: argparse.Namespace) -> ClusterConfig:
         "decode": {"replicas": args.decode_replicas, **bounds},
         "routing": {"local_prefill_max_tokens": args.local_prefill_max_tokens},
         "kv_transfer": {"backend": args.kv_backend},
+        "max_concurrent_requests": args.max_concurrent_requests,
     }
     return ClusterConfig(models=[model], http_port=args.http_port, grpc_port=args.grpc_port)
 
@@ -156,7 +177,10 @@ def connect(
     """Connects this process to Ray: a new local cluster by default, else the one at ``address``.
 
     A new local cluster exports metrics every ``METRICS_REPORT_INTERVAL_MS``; ``dashboard`` starts
-    Ray's dashboard on loopback, which writes the service-discovery file Prometheus reads. The
+    Ray's dashboard on loopback, which writes the service-discovery file Prometheus reads. Ray's
+    own ports (GCS, raylet, object manager, workers) cannot be held to loopback: Ray binds them
+    on every interface and turns a loopback node address into the machine's; a new local cluster
+    guards them with Ray's token auth, on by default in Ray 2.60 (``RAY_AUTH_MODE``). The
     processes of this job (Serve's among them, if it starts them) get Serve's settings and
     ``env_vars``.
     """
@@ -170,7 +194,7 @@ def connect(
     ray.init(
         address=address or "local",
         include_dashboard=dashboard,
-        dashboard_host="127.0.0.1",
+        dashboard_host=LOOPBACK,
         runtime_env={"env_vars": env_vars},
         **({} if _joined else local),
     )
@@ -227,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if with_prometheus:
         prometheus_binary()  # before the cluster starts: a missing package fails at once
+    warn_if_open(config)
     start(config, args.address, dashboard=with_prometheus)
     prometheus = None
     try:

@@ -7,6 +7,9 @@ from dataclasses import dataclass, replace
 
 # Temperatures below this mean greedy (vLLM's _SAMPLING_EPS): dividing by ~0 overflows the logits.
 GREEDY_EPS = 1e-5
+# Most completions one request may ask for (OpenAI's bound): each is an engine request of its
+# own, so an unbounded n would let one request flood the router and the engines.
+MAX_N = 128
 # Most top logprobs one request may ask for (vLLM's default `max_logprobs`).
 MAX_LOGPROBS = 20
 # OpenAI's (and vLLM's) range for presence/frequency penalties.
@@ -53,7 +56,7 @@ class SamplingParams:
         )
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        _check(_is_int(self.n) and self.n >= 1, "n", ">= 1", self.n)
+        _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"in [1, {MAX_N}]", self.n)
         _check(
             _is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", ">= 1", self.max_tokens
         )

@@ -1,7 +1,7 @@
 """``/v1/chat/completions``: messages through the model's chat template, n choices, whole or
 streamed (a choice's first chunk carries the assistant role, its last the finish reason)."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from pdserve.engine.outputs import CompletionOutput
 from pdserve.router.endpoint import Call
@@ -57,7 +57,7 @@ class ChatEndpoint:
 
     async def chunks(
         self, call: Call[ChatCompletionRequest], group: RequestGroup
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         # OpenAI opens every choice with the role and empty content.
         opening = [
             ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))

@@ -1,6 +1,6 @@
 """``/v1/completions``: prompts in, one choice per (prompt, n) out, whole or streamed."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from pdserve.engine.outputs import CompletionOutput
 from pdserve.router.endpoint import Call
@@ -65,7 +65,7 @@ class CompletionsEndpoint:
 
     async def chunks(
         self, call: Call[CompletionRequest], group: RequestGroup
-    ) -> AsyncIterator[Completion]:
+    ) -> AsyncGenerator[Completion, None]:
         choices = _Choices(call.request, call.client, group.n)
         async for index, delta in group:
             yield call.body(Completion, [choices.choice(index, delta.outputs[0])])

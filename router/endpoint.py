@@ -8,11 +8,12 @@ group's outputs become its response and its chunks.
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from pdserve.router.admission import InFlightLimit
 from pdserve.router.engine_client import EngineClient
 from pdserve.router.engine_inputs import completion_budget, sampling_params
 from pdserve.router.openai_responses import Usage
@@ -25,11 +26,15 @@ BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
 class Call(Generic[RequestT]):
-    """One API call: its request, the model's client, its id and creation time."""
+    """One API call: its request, the model's client and bound on requests in flight, its id and
+    creation time."""
 
-    def __init__(self, request: RequestT, client: EngineClient, id_prefix: str) -> None:
+    def __init__(
+        self, request: RequestT, client: EngineClient, limit: InFlightLimit, id_prefix: str
+    ) -> None:
         self.request = request
         self.client = client
+        self.limit = limit
         self.id = f"{id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -43,7 +48,9 @@ class Call(Generic[RequestT]):
             max_tokens, [len(p) for p in prompts], self.client.max_model_len, field
         )
         params = sampling_params(max_tokens=budget, logprobs=logprobs, **request.sampling_kwargs())
-        return await start_group(self.client, self.id, prompts, params, request.priority)
+        return await start_group(
+            self.client, self.id, prompts, params, request.priority, self.limit
+        )
 
     def body(self, cls: type[BodyT], choices: list[Any], usage: Usage | None = None) -> BodyT:
         """A response or chunk of this call: ``cls`` with its id, time, model and ``choices``."""
@@ -65,7 +72,7 @@ class Endpoint(Protocol[RequestT, ResponseT, ChunkT]):
         """The whole answer, from the finished group's outputs."""
         ...
 
-    def chunks(self, call: Call[RequestT], group: RequestGroup) -> AsyncIterator[ChunkT]:
+    def chunks(self, call: Call[RequestT], group: RequestGroup) -> AsyncGenerator[ChunkT, None]:
         """The streamed answer, read from the group as it runs."""
         ...
 
@@ -80,15 +87,24 @@ async def answer_whole(
 
 async def answer_stream(
     endpoint: Endpoint[RequestT, ResponseT, ChunkT], call: Call[RequestT]
-) -> AsyncIterator[ChunkT]:
+) -> "ChunkStream[ChunkT]":
     """Starts the request, then returns its chunks; closing them aborts the request."""
     group = await endpoint.start(call)
-    return _closing(group, endpoint.chunks(call, group))
+    return ChunkStream(group, endpoint.chunks(call, group))
 
 
-async def _closing(group: RequestGroup, chunks: AsyncIterator[ChunkT]) -> AsyncIterator[ChunkT]:
-    try:
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        group.close()
+class ChunkStream(AsyncIterator[ChunkT]):
+    """A started request's chunks. Closing them closes the request group (aborting what is
+    unfinished, giving its slot back) even if they were never read, where a generator's
+    ``finally`` would not run."""
+
+    def __init__(self, group: RequestGroup, chunks: AsyncGenerator[ChunkT, None]) -> None:
+        self._group = group
+        self._chunks = chunks
+
+    async def __anext__(self) -> ChunkT:
+        return await anext(self._chunks)
+
+    async def aclose(self) -> None:
+        self._group.close()
+        await self._chunks.aclose()

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from pydantic import BaseModel
+
 from pdserve.engine.errors import (
     ContextLengthError,
     EngineOverloadedError,
@@ -27,10 +29,27 @@ class ErrorKind:
 
 
 INVALID_REQUEST = ErrorKind(HTTPStatus.BAD_REQUEST, "invalid_request_error", "INVALID_ARGUMENT")
+UNAUTHENTICATED = ErrorKind(HTTPStatus.UNAUTHORIZED, "invalid_request_error", "UNAUTHENTICATED")
 NOT_FOUND = ErrorKind(HTTPStatus.NOT_FOUND, "invalid_request_error", "NOT_FOUND")
+# The router's own limit on requests in flight (router/admission.py): OpenAI answers "the engine
+# is currently overloaded" with a 429 of type server_error.
+TOO_MANY_REQUESTS = ErrorKind(HTTPStatus.TOO_MANY_REQUESTS, "server_error", "RESOURCE_EXHAUSTED")
 OVERLOADED = ErrorKind(HTTPStatus.SERVICE_UNAVAILABLE, "server_error", "RESOURCE_EXHAUSTED")
 UNAVAILABLE = ErrorKind(HTTPStatus.SERVICE_UNAVAILABLE, "server_error", "UNAVAILABLE")
 INTERNAL = ErrorKind(HTTPStatus.INTERNAL_SERVER_ERROR, "server_error", "INTERNAL")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error envelope: the body of every error response."""
+
+    error: ErrorDetail
 
 
 class APIError(Exception):
@@ -52,14 +71,10 @@ class APIError(Exception):
         self.retry_after_s = retry_after_s
 
     def envelope(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        detail = ErrorDetail(
+            message=self.message, type=self.kind.type, param=self.param, code=self.code
+        )
+        return ErrorResponse(error=detail).model_dump()
 
     def headers(self) -> dict[str, str]:
         return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
@@ -82,6 +97,27 @@ def context_length_error(
 def model_not_found(model: str) -> APIError:
     return APIError(
         NOT_FOUND, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+    )
+
+
+def too_many_requests(model: str, limit: int) -> APIError:
+    """The router's refusal past a model's ``max_concurrent_requests``."""
+    return APIError(
+        TOO_MANY_REQUESTS,
+        f"The model `{model}` is overloaded: {limit} of its requests are in flight already. "
+        "Please retry later.",
+        code="too_many_requests",
+        retry_after_s=RETRY_AFTER_S,
+    )
+
+
+def invalid_api_key() -> APIError:
+    """A missing or wrong key; the message never echoes what the client sent."""
+    return APIError(
+        UNAUTHENTICATED,
+        "Incorrect or missing API key. Provide it in an Authorization header using Bearer "
+        "auth (Authorization: Bearer YOUR_KEY).",
+        code="invalid_api_key",
     )
 
 

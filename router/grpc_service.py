@@ -8,13 +8,15 @@ the context and returns (no exception), which both servers turn into that status
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Protocol
 
 import grpc
 
 from pdserve.engine.errors import RequestError
 from pdserve.engine.outputs import CompletionOutput, PositionLogprobs
+from pdserve.router.admission import Admission
+from pdserve.router.api_keys import AUTHORIZATION, APIKeys, bearer_token
 from pdserve.router.engine_client import EngineClient, check_all, pick_client
 from pdserve.router.engine_inputs import completion_budget, sampling_params
 from pdserve.router.errors import INTERNAL, to_api_error
@@ -36,6 +38,8 @@ class GrpcContext(Protocol):
     def set_code(self, code: grpc.StatusCode) -> None: ...
 
     def set_details(self, details: str) -> None: ...
+
+    def invocation_metadata(self) -> Iterable[tuple[str, str]] | None: ...
 
 
 def _fail(grpc_context: GrpcContext, error: Exception) -> None:
@@ -77,10 +81,29 @@ def _response(
 
 
 class GenerationServicer:
-    def __init__(self, clients: Mapping[str, EngineClient]) -> None:
+    def __init__(
+        self,
+        clients: Mapping[str, EngineClient],
+        admission: Admission | None = None,
+        api_keys: APIKeys | None = None,
+    ) -> None:
+        """``admission`` bounds each model's requests in flight (default: the config's default
+        bound), shared with the HTTP app; ``api_keys`` guards every rpc but Health (default:
+        open)."""
         self.clients = clients
+        self.admission = admission or Admission.with_default_limits(clients)
+        self.api_keys = api_keys or APIKeys()
 
-    async def _start(self, request: pb.GenerateRequest) -> tuple[str, RequestGroup]:
+    def _authorize(self, grpc_context: GrpcContext) -> None:
+        if not self.api_keys.required:
+            return
+        metadata = dict(grpc_context.invocation_metadata() or ())
+        self.api_keys.check(bearer_token(metadata.get(AUTHORIZATION)))
+
+    async def _start(
+        self, request: pb.GenerateRequest, grpc_context: GrpcContext
+    ) -> tuple[str, RequestGroup]:
+        self._authorize(grpc_context)
         client = pick_client(self.clients, request.model)
         which = request.WhichOneof("prompt")
         if which is None:
@@ -98,13 +121,15 @@ class GenerationServicer:
         max_tokens = completion_budget(requested, [len(prompt)], client.max_model_len, "prompt")
         params = sampling_params(max_tokens=max_tokens, **given)
         request_id = f"grpc-{uuid.uuid4().hex}"
-        return request_id, await start_group(client, request_id, [prompt], params, request.priority)
+        limit = self.admission[client.model_name]
+        group = await start_group(client, request_id, [prompt], params, request.priority, limit)
+        return request_id, group
 
     async def Generate(
         self, request: pb.GenerateRequest, grpc_context: GrpcContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            request_id, group = await self._start(request)
+            request_id, group = await self._start(request, grpc_context)
             num_top = request.sampling_params.logprobs
             try:
                 async for _, delta in group:
@@ -119,7 +144,7 @@ class GenerationServicer:
         self, request: pb.GenerateRequest, grpc_context: GrpcContext
     ) -> pb.GenerateResponse:
         try:
-            request_id, group = await self._start(request)
+            request_id, group = await self._start(request, grpc_context)
             try:
                 async for _ in group:
                     pass
@@ -135,6 +160,11 @@ class GenerationServicer:
     async def ListModels(
         self, request: pb.ListModelsRequest, grpc_context: GrpcContext
     ) -> pb.ListModelsResponse:
+        try:
+            self._authorize(grpc_context)
+        except Exception as error:
+            _fail(grpc_context, error)
+            return pb.ListModelsResponse()
         models = [
             pb.Model(name=name, max_model_len=client.max_model_len)
             for name, client in self.clients.items()
@@ -144,6 +174,7 @@ class GenerationServicer:
     async def Health(
         self, request: pb.HealthRequest, grpc_context: GrpcContext
     ) -> pb.HealthResponse:
+        # Open to all, as GET /health: probes send no keys.
         try:
             await check_all(self.clients)
         except Exception as error:

@@ -2,7 +2,9 @@
 
 Every failure leaves as OpenAI's error envelope: FastAPI's 422 validation errors (and malformed
 JSON) become 400s, engine refusals map through ``errors.to_api_error``. A client that disconnects
-cancels its request, streamed or not, so its KV blocks are freed at once.
+cancels its request, streamed or not, so its KV blocks are freed at once. The ``/v1/`` routes ask
+for an API key when the app has any (``api_keys.py``); each model's requests in flight are bounded
+(``admission.py``); ``/openapi.json`` documents what each route answers (``openapi_docs.py``).
 """
 
 import asyncio
@@ -19,6 +21,9 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from pdserve.engine.errors import EngineOverloadedError, EngineStoppedError, RequestError
+from pdserve.router import openapi_docs
+from pdserve.router.admission import Admission
+from pdserve.router.api_keys import APIKeys
 from pdserve.router.chat import CHAT
 from pdserve.router.completions import COMPLETIONS
 from pdserve.router.endpoint import Call, Endpoint, answer_stream, answer_whole
@@ -27,8 +32,14 @@ from pdserve.router.errors import INVALID_REQUEST, APIError, ErrorKind, to_api_e
 from pdserve.router.metrics import ResponseCounter, RouterMetrics
 from pdserve.router.metrics_endpoint import cluster_metrics
 from pdserve.router.openai_requests import ChatCompletionRequest, CompletionRequest
-from pdserve.router.openai_responses import ModelCard, ModelList
-from pdserve.router.sse import EventStreamResponse, event_stream
+from pdserve.router.openai_responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ModelCard,
+    ModelList,
+)
+from pdserve.router.sse import EventStreamResponse
 from pdserve.router.timing import RequestTimingMiddleware, TimingLog
 
 # nginx's "client closed request": nobody reads it, but the access log says what happened.
@@ -40,23 +51,39 @@ def build_http_app(
     clients: Mapping[str, EngineClient],
     timing_log: TimingLog | None = None,
     metrics: RouterMetrics | None = None,
+    admission: Admission | None = None,
+    api_keys: APIKeys | None = None,
 ) -> FastAPI:
     """``clients`` maps each served model name to its engine; the first is the default model.
     With ``timing_log``, every request that reaches an engine logs its timings there. With
     ``metrics`` (in a Ray cluster), responses are counted and ``GET /metrics`` serves the
-    cluster's metrics."""
+    cluster's metrics. ``admission`` bounds each model's requests in flight (default: the
+    config's default bound); ``api_keys`` guards ``/v1/`` (default: open)."""
+    admission = admission or Admission.with_default_limits(clients)
+    guard = (api_keys or APIKeys()).http_dependencies()
+    # Documented only where it can happen: with keys required.
+    unauthorized = openapi_docs.UNAUTHORIZED if guard else {}
     app = FastAPI(title="pdserve", summary="OpenAI-compatible LLM serving")
     if timing_log is not None:
         app.add_middleware(RequestTimingMiddleware, log=timing_log)
     created = int(time.time())
     _install_error_handlers(app)
 
-    @app.get("/health")
+    # Open to all: load balancers and orchestrators probe it without keys.
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={**openapi_docs.STOPPED, **openapi_docs.SERVER_ERROR},
+    )
     async def health() -> Response:
         await check_all(clients)
         return Response(status_code=200)
 
-    @app.get("/v1/models")
+    @app.get(
+        "/v1/models",
+        dependencies=guard,
+        responses={**openapi_docs.SERVER_ERROR, **unauthorized},
+    )
     async def models() -> ModelList:
         return ModelList(
             data=[
@@ -68,27 +95,45 @@ def build_http_app(
     async def answer(
         endpoint: Endpoint, body: CompletionRequest | ChatCompletionRequest, raw: Request
     ) -> BaseModel | Response:
-        call = Call(body, pick_client(clients, body.model), endpoint.id_prefix)
-        if body.stream:
-            return EventStreamResponse(event_stream(await answer_stream(endpoint, call)))
-        return await _cancel_on_disconnect(raw, answer_whole(endpoint, call))
+        client = pick_client(clients, body.model)
+        call = Call(body, client, admission[client.model_name], endpoint.id_prefix)
+        if not body.stream:
+            return await _cancel_on_disconnect(raw, answer_whole(endpoint, call))
+        # A client may leave before its first token, while the request waits for the engines.
+        chunks = await _cancel_on_disconnect(raw, answer_stream(endpoint, call))
+        return chunks if isinstance(chunks, Response) else EventStreamResponse(chunks)
 
-    @app.post("/v1/completions", response_model=None)
+    completion_responses = openapi_docs.generation_responses(Completion, Completion)
+    chat_responses = openapi_docs.generation_responses(ChatCompletion, ChatCompletionChunk)
+
+    @app.post(
+        "/v1/completions",
+        response_model=None,
+        dependencies=guard,
+        responses={**completion_responses, **unauthorized},
+    )
     async def completions(body: CompletionRequest, raw: Request) -> BaseModel | Response:
         return await answer(COMPLETIONS, body, raw)
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        dependencies=guard,
+        responses={**chat_responses, **unauthorized},
+    )
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> BaseModel | Response:
         return await answer(CHAT, body, raw)
 
     if metrics is not None:
-
-        @app.get("/metrics", response_class=PlainTextResponse)
+        # Open, as vLLM's: scrapers send no keys, and each node's Ray metrics port serves the
+        # same numbers without any.
+        @app.get("/metrics", response_class=PlainTextResponse, responses=openapi_docs.SERVER_ERROR)
         async def prometheus_metrics() -> Response:
             return Response(await cluster_metrics(), media_type=CONTENT_TYPE_LATEST)
 
         paths = frozenset(route.path for route in app.routes)
         app.add_middleware(ResponseCounter, metrics=metrics, paths=paths)
+    openapi_docs.install_openapi(app, streamed=[ChatCompletionChunk])
     return app
 
 

@@ -9,6 +9,8 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from pdserve.router.admission import Admission
+from pdserve.router.api_keys import APIKeys
 from pdserve.router.grpc_service import GenerationServicer
 from pdserve.router.http_app import build_http_app
 from pdserve.router.metrics import RouterMetrics
@@ -26,9 +28,11 @@ class Router(GenerationServicer):
         prefill: dict[str, DeploymentHandle],
         decode: dict[str, DeploymentHandle],
         planner: DeploymentHandle | None = None,
+        api_key_digests: list[str] | None = None,
     ) -> None:
         """``prefill`` lacks the models served without a prefill pool (aggregated); ``planner``
-        is the SLA planner's deployment, when it runs (its place in the app's graph)."""
+        is the SLA planner's deployment, when it runs (its place in the app's graph);
+        ``api_key_digests`` are the SHA-256 digests of the API keys (none: open)."""
         self._planner = planner
         served_models = [ServedModel.model_validate(model) for model in models]
         self._metrics = RouterMetrics() if any(m.metrics for m in served_models) else None
@@ -40,11 +44,14 @@ class Router(GenerationServicer):
             clients[served.name] = ServeEngineClient(
                 served, prefill.get(served.name), decode[served.name], metrics
             )
-        super().__init__(clients)
+        admission = Admission({m.name: m.max_concurrent_requests for m in served_models})
+        super().__init__(clients, admission, APIKeys(api_key_digests or ()))
         self._timing_log = TimingLog()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_http_app(self.clients, self._timing_log, self._metrics)
+        return build_http_app(
+            self.clients, self._timing_log, self._metrics, self.admission, self.api_keys
+        )
 
     def route_decisions(self) -> dict[str, dict[str, int]]:
         """Per model, how many requests took each path ("local" or "remote" prefill)."""
@@ -66,6 +73,10 @@ class Router(GenerationServicer):
         if self._planner is None:
             return []
         return await self._planner.history.remote()
+
+    def requests_in_flight(self) -> dict[str, int]:
+        """Per model, the requests this router holds now (each under its model's bound)."""
+        return self.admission.in_flight()
 
     def take_request_timings(self) -> list[dict]:
         """The HTTP requests' timings logged since the last call (``router/timing.py``)."""

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
 from pdserve.engine.sampling_params import SamplingParams, fan_out
+from pdserve.router.admission import InFlightLimit
 from pdserve.router.engine_client import EngineClient
 
 
@@ -30,7 +31,10 @@ class RequestGroup:
         prompts: list[list[int]],
         params: SamplingParams,
         priority: int = 0,
+        limit: InFlightLimit | None = None,
     ) -> None:
+        """``limit``: the model's bound on requests in flight; the group holds a slot of it
+        until it closes (raises the 429 when the model is full)."""
         self.prompts = prompts
         self.n = params.n
         children = [(prompt, child) for prompt in prompts for child in fan_out(params)]
@@ -41,6 +45,8 @@ class RequestGroup:
         ]
         self._events: asyncio.Queue[tuple[int, RequestOutput | Exception]] = asyncio.Queue()
         self._early: list[tuple[int, RequestOutput]] = []  # read while waiting for admission
+        # Taken last before the tasks start, so nothing can fail between taking and closing.
+        self._slot = None if limit is None else limit.acquire()
         self._tasks = [
             asyncio.ensure_future(
                 self._drain(i, client.generate(output.request_id, prompt, child, priority))
@@ -88,9 +94,12 @@ class RequestGroup:
             self.close()
 
     def close(self) -> None:
-        """Aborts every unfinished request of the group; safe to call more than once."""
+        """Aborts every unfinished request of the group and gives its slot back; safe to call
+        more than once."""
         for task in self._tasks:
             task.cancel()
+        if self._slot is not None:
+            self._slot.release()
 
     def token_counts(self) -> TokenCounts:
         return TokenCounts(
@@ -106,10 +115,12 @@ async def start_group(
     prompts: list[list[int]],
     params: SamplingParams,
     priority: int = 0,
+    limit: InFlightLimit | None = None,
 ) -> RequestGroup:
     """Starts the group and waits until the engine has admitted all of it (so a refusal can still
-    become an error status); on a refusal or cancellation the whole group is aborted."""
-    group = RequestGroup(client, request_id, prompts, params, priority)
+    become an error status); on a refusal or cancellation the whole group is aborted. Past
+    ``limit`` it raises the 429 at once."""
+    group = RequestGroup(client, request_id, prompts, params, priority, limit)
     try:
         await group.wait_admitted()
     except BaseException:

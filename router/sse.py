@@ -6,7 +6,8 @@ status line went out can only be reported in-band: one ``data: {"error": ...}`` 
 
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 import anyio
 from pydantic import BaseModel
@@ -17,14 +18,25 @@ from pdserve.router.errors import INTERNAL, to_api_error
 
 logger = logging.getLogger(__name__)
 
-DONE = "data: [DONE]\n\n"
+DONE_DATA = "[DONE]"  # the last event's data
 
 
 def sse(payload: str) -> str:
     return f"data: {payload}\n\n"
 
 
-async def event_stream(chunks: AsyncGenerator[BaseModel, None]) -> AsyncIterator[str]:
+DONE = sse(DONE_DATA)
+
+
+class Chunks(Protocol):
+    """A stream's chunks: read in turn; closing them cancels the work behind them."""
+
+    def __aiter__(self) -> AsyncIterator[BaseModel]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def event_stream(chunks: Chunks) -> AsyncIterator[str]:
     """Frames ``chunks`` as SSE; closing this stream closes ``chunks`` (which cancels the work)."""
     try:
         async for chunk in chunks:
@@ -45,6 +57,10 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
+    def __init__(self, chunks: Chunks) -> None:
+        super().__init__(event_stream(chunks))
+        self._chunks = chunks
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tasks:
 
@@ -59,6 +75,8 @@ class EventStreamResponse(StreamingResponse):
                 logger.info("client disconnected mid-stream")
             finally:
                 # The body's cleanup is synchronous (cancelling tasks), so a cancelled scope
-                # cannot interrupt it.
+                # cannot interrupt it. The chunks are closed too: a body cut off before its
+                # first chunk was never started, so its own `finally` does not run.
                 await self.body_iterator.aclose()
+                await self._chunks.aclose()
                 tasks.cancel_scope.cancel()

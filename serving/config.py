@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from pdserve.engine.config import EngineConfig
 
@@ -25,7 +25,11 @@ DEFAULT_MAX_ONGOING_REQUESTS = 256  # the engine's default max_num_seqs
 # its streams: a 1,000-token completion at 50 ms a token (Serve's own default is 20 s).
 DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S = 60.0
 DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
+# Requests of one model the router has in flight before it answers 429 (TGI's name for the knob):
+# four decode replicas' worth of the engine's default max_num_seqs.
+DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0  # vLLM's
+DEFAULT_MIGRATION_LIMIT = 3  # a request outlives this many lost decode replicas (Dynamo's knob)
 DEFAULT_PROMETHEUS_PORT = 9090  # Prometheus' own
 DEFAULT_PLANNER_INTERVAL_S = 30.0
 
@@ -130,6 +134,10 @@ class ServedModel(_Strict):
     metrics: bool = True
     # Each replica logs a stats line this often while it has work (vLLM's); 0 turns it off.
     log_stats_interval_s: float = Field(DEFAULT_LOG_STATS_INTERVAL_S, ge=0)
+    # A request whose decode replica dies goes on at another this many times (router/migration.py).
+    migration_limit: int = Field(DEFAULT_MIGRATION_LIMIT, ge=0)
+    # Past this many of the model's requests in flight in the router, one more gets 429 at once.
+    max_concurrent_requests: int = Field(DEFAULT_MAX_CONCURRENT_REQUESTS, ge=1)
 
     @field_validator("decode")
     @classmethod
@@ -162,6 +170,9 @@ class ClusterConfig(_Strict):
     grpc_port: int = DEFAULT_GRPC_PORT
     router_max_ongoing_requests: int = Field(DEFAULT_ROUTER_MAX_ONGOING_REQUESTS, ge=1)
     planner: PlannerConfig = PlannerConfig()
+    # Bearer keys the router accepts (none: open). Secret: masked in reprs and JSON dumps; the
+    # router replica gets only their digests (cluster/app.py).
+    api_keys: list[SecretStr] = []
 
     @field_validator("models")
     @classmethod
@@ -170,6 +181,18 @@ class ClusterConfig(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
         return models
+
+    @model_validator(mode="after")
+    def _router_refuses_before_serve_queues(self) -> "ClusterConfig":
+        # Past router_max_ongoing_requests, Serve queues requests for the router without bound;
+        # the models' limits must be reached first, with room left to answer 429s and probes.
+        admitted = sum(m.max_concurrent_requests for m in self.models)
+        if admitted >= self.router_max_ongoing_requests:
+            raise ValueError(
+                f"router_max_ongoing_requests ({self.router_max_ongoing_requests}) must exceed "
+                f"the models' max_concurrent_requests together ({admitted})"
+            )
+        return self
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "ClusterConfig":

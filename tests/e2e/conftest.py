@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -19,10 +20,13 @@ import uvicorn
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm import LLM
 from pdserve.engine.llm_engine import LLMEngine
+from pdserve.router.admission import Admission
+from pdserve.router.api_keys import APIKeys, key_digest
 from pdserve.router.engine_client import EngineClient
 from pdserve.router.grpc_service import GenerationServicer, start_grpc_server
 from pdserve.router.http_app import build_http_app
 from pdserve.router.timing import TimingLog
+from pdserve.tests.e2e.gated_client import GatedClient
 from pdserve.tests.e2e.local_client import LocalEngineClient
 
 MODEL = "tiny"
@@ -71,9 +75,10 @@ def clients(
 
 @contextmanager
 def _http_server(
-    clients: dict[str, EngineClient], timing_log: TimingLog | None = None
+    clients: dict[str, EngineClient], timing_log: TimingLog | None = None, **app_args: Any
 ) -> Iterator[str]:
-    app = build_http_app(clients, timing_log)
+    """``app_args``: ``build_http_app``'s other arguments (admission, api_keys)."""
+    app = build_http_app(clients, timing_log, **app_args)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
@@ -111,21 +116,31 @@ def stopped_http_url(stopped_client: LocalEngineClient) -> Iterator[str]:
 
 
 @contextmanager
-def _grpc_server(clients: dict[str, EngineClient]) -> Iterator[grpc.Channel]:
+def _grpc_address(clients: dict[str, EngineClient], **servicer_args: Any) -> Iterator[str]:
+    """A ``grpc.aio`` server of ``clients`` on a free port; yields its ``host:port``.
+    ``servicer_args``: the servicer's other arguments (admission, api_keys)."""
     # grpc.aio needs a running loop: give the server one of its own, in a thread.
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="grpc-aio", daemon=True)
     thread.start()
-    start = start_grpc_server(GenerationServicer(clients), "127.0.0.1:0")
+    start = start_grpc_server(GenerationServicer(clients, **servicer_args), "127.0.0.1:0")
     server, port = asyncio.run_coroutine_threadsafe(start, loop).result(STARTUP_TIMEOUT_S)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield channel
+        yield f"127.0.0.1:{port}"
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(STARTUP_TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+@contextmanager
+def _grpc_server(clients: dict[str, EngineClient], **servicer_args: Any) -> Iterator[grpc.Channel]:
+    with (
+        _grpc_address(clients, **servicer_args) as address,
+        grpc.insecure_channel(address) as channel,
+    ):
+        yield channel
 
 
 @pytest.fixture(scope="session")
@@ -170,3 +185,73 @@ def wait_idle() -> Callable[[LLMEngine], None]:
         assert stats.num_free_blocks == engine.block_pool.num_blocks, stats
 
     return wait
+
+
+@pytest.fixture(scope="session")
+def grpc_address(clients: dict[str, EngineClient]) -> Iterator[str]:
+    """``host:port`` of a gRPC server of ``tiny`` and ``tiny-overloaded``, for clients that open
+    their own channel (``pdserve bench serve --grpc``)."""
+    with _grpc_address(clients) as address:
+        yield address
+
+
+LIMITED_MAX_REQUESTS = 2  # max_concurrent_requests of each model on the limited servers
+API_KEYS = ("sk-test-first-key", "sk-test-second-key")
+
+
+@pytest.fixture(scope="session")
+def gated_client(local_client: LocalEngineClient) -> GatedClient:
+    """``tiny`` behind a gate the tests close to hold requests in flight."""
+    return GatedClient(local_client)
+
+
+@pytest.fixture(scope="session")
+def admission() -> Admission:
+    """The one bound both limited servers count against (as the Router's HTTP app and gRPC
+    servicer share theirs)."""
+    return Admission(dict.fromkeys((MODEL, OVERLOADED_MODEL), LIMITED_MAX_REQUESTS))
+
+
+@pytest.fixture(scope="session")
+def limited_clients(
+    gated_client: GatedClient, overloaded_client: LocalEngineClient
+) -> dict[str, EngineClient]:
+    return {MODEL: gated_client, OVERLOADED_MODEL: overloaded_client}
+
+
+@pytest.fixture(scope="session")
+def limited_http_url(
+    limited_clients: dict[str, EngineClient], admission: Admission
+) -> Iterator[str]:
+    """The HTTP app over ``limited_clients``, each model bounded to ``LIMITED_MAX_REQUESTS``."""
+    with _http_server(limited_clients, admission=admission) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def limited_grpc_channel(
+    limited_clients: dict[str, EngineClient], admission: Admission
+) -> Iterator[grpc.Channel]:
+    """The gRPC servicer over ``limited_clients``, counting against the HTTP app's bound."""
+    with _grpc_server(limited_clients, admission=admission) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="session")
+def api_keys() -> APIKeys:
+    return APIKeys(key_digest(key) for key in API_KEYS)
+
+
+@pytest.fixture(scope="session")
+def keyed_http_url(clients: dict[str, EngineClient], api_keys: APIKeys) -> Iterator[str]:
+    """The HTTP app of ``tiny`` and ``tiny-overloaded`` that asks for one of ``API_KEYS``."""
+    with _http_server(clients, api_keys=api_keys) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def keyed_grpc_channel(
+    clients: dict[str, EngineClient], api_keys: APIKeys
+) -> Iterator[grpc.Channel]:
+    with _grpc_server(clients, api_keys=api_keys) as channel:
+        yield channel

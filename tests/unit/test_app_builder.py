@@ -3,9 +3,12 @@ deployment options, and the planner only when it is on."""
 
 from pathlib import Path
 
+import pytest
 from ray.serve import Application
 
+from pdserve.cluster.access import API_KEY_ENV
 from pdserve.cluster.app import build_app
+from pdserve.router.api_keys import key_digest
 
 
 def _deployments(app: Application) -> dict[str, Application]:
@@ -47,3 +50,20 @@ def test_the_planner_is_bound_when_enabled(tiny_model_dir: Path, tmp_path: Path)
     config = _config(tiny_model_dir, enabled=True, profile=str(tmp_path / "profile.json"))
     pools = _deployments(build_app(config))
     assert pools["planner"]._bound_deployment.name == "planner"
+
+
+def test_the_router_gets_the_keys_digests_and_the_planner_no_keys(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(API_KEY_ENV, "sk-env,sk-file")
+    config = {
+        **_config(tiny_model_dir, enabled=True, profile=str(tmp_path / "profile.json")),
+        "api_keys": ["sk-file"],
+    }
+    app = build_app(config)
+    replica = app._bound_deployment._replica_config
+    digests = [key_digest("sk-file"), key_digest("sk-env")]
+    assert replica.init_kwargs == {"api_key_digests": digests}
+    assert "sk-" not in repr((replica.init_args, replica.init_kwargs))
+    planner = replica.init_args[3]._bound_deployment._replica_config.init_args[0]
+    assert "api_keys" not in planner

@@ -82,3 +82,16 @@ def test_the_planner_needs_a_profile_when_enabled() -> None:
         PlannerConfig(enabled=True)
     planner = PlannerConfig(enabled=True, profile="p.json")
     assert planner.prometheus == "http://127.0.0.1:9090"
+
+
+def test_models_in_flight_stay_below_the_routers_serve_bound() -> None:
+    # Past router_max_ongoing_requests Serve would queue without bound: the 429 must come first.
+    config = ClusterConfig(models=[_model()])
+    assert config.models[0].max_concurrent_requests < config.router_max_ongoing_requests
+    two = [
+        _model(name="a", max_concurrent_requests=60),
+        _model(name="b", max_concurrent_requests=40),
+    ]
+    assert ClusterConfig(models=two, router_max_ongoing_requests=101).api_keys == []
+    with pytest.raises(pydantic.ValidationError, match=r"must exceed .* together \(100\)"):
+        ClusterConfig(models=two, router_max_ongoing_requests=100)

@@ -11,7 +11,14 @@ from pdserve.engine.errors import (
     EngineStoppedError,
     RequestError,
 )
-from pdserve.router.errors import RETRY_AFTER_S, APIError, model_not_found, to_api_error
+from pdserve.router.errors import (
+    RETRY_AFTER_S,
+    APIError,
+    invalid_api_key,
+    model_not_found,
+    to_api_error,
+    too_many_requests,
+)
 
 INVALID = "invalid_request_error"
 CONTEXT = "This model's maximum context length is 8 tokens."
@@ -30,6 +37,15 @@ CONTEXT = "This model's maximum context length is 8 tokens."
             "INVALID_ARGUMENT",
         ),
         (model_not_found("m"), 404, INVALID, "model", "model_not_found", "NOT_FOUND"),
+        (invalid_api_key(), 401, INVALID, None, "invalid_api_key", "UNAUTHENTICATED"),
+        (
+            too_many_requests("m", 8),
+            429,
+            "server_error",
+            None,
+            "too_many_requests",
+            "RESOURCE_EXHAUSTED",
+        ),
         (
             EngineOverloadedError("busy"),
             503,
@@ -54,7 +70,8 @@ def test_each_error_maps_to_its_status_everywhere(
         "error": {"message": api_error.message, "type": type_, "param": param, "code": code}
     }
     assert str(error) in api_error.message
-    retry = {"Retry-After": str(RETRY_AFTER_S)} if code == "overloaded" else {}
+    retry_after = code in ("overloaded", "too_many_requests")  # the router's or the engines'
+    retry = {"Retry-After": str(RETRY_AFTER_S)} if retry_after else {}
     assert api_error.headers() == retry
 
 

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from pdserve.engine.sampling_params import GREEDY_EPS, MAX_LOGPROBS, SamplingParams
+from pdserve.engine.sampling_params import GREEDY_EPS, MAX_LOGPROBS, MAX_N, SamplingParams
 
 
 def test_defaults_match_vllm() -> None:
@@ -26,6 +26,7 @@ def test_defaults_match_vllm() -> None:
     ("field", "value"),
     [
         ("n", 0),
+        ("n", MAX_N + 1),
         ("max_tokens", 0),
         ("max_tokens", -3),
         ("temperature", -1),

@@ -4,6 +4,7 @@ of its own reads the one ``pdserve serve`` starts on ``--prometheus-port``."""
 import argparse
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pdserve.cluster import serve
@@ -53,3 +54,33 @@ def test_without_the_planner_the_pools_stay_put(tiny_model_dir: Path) -> None:
     assert not config.planner.enabled and config.planner.prometheus_url is None
     (model,) = config.models
     assert (model.decode.lowest, model.decode.replicas, model.decode.highest) == (2, 2, 2)
+
+
+def test_api_keys_and_the_in_flight_bound_come_from_the_flags(tiny_model_dir: Path) -> None:
+    args = _args(
+        "--model", str(tiny_model_dir), "--api-key", "sk-one", "--api-key", "sk-two",
+        "--max-concurrent-requests", "7",
+    )  # fmt: skip
+    config = serve.cluster_config(args)
+    assert [key.get_secret_value() for key in config.api_keys] == ["sk-one", "sk-two"]
+    assert config.models[0].max_concurrent_requests == 7
+    assert serve.cluster_config(_args("--model", str(tiny_model_dir))).api_keys == []
+
+
+def test_flag_keys_join_the_keys_of_a_file(tmp_path: Path) -> None:
+    raw = {"models": [{"name": "m", "path": "/models/m"}], "api_keys": ["sk-file"]}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = serve.cluster_config(_args("--config", str(path), "--api-key", "sk-flag"))
+    assert [key.get_secret_value() for key in config.api_keys] == ["sk-file", "sk-flag"]
+
+
+def test_a_local_cluster_keeps_its_dashboard_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    serve.connect(dashboard=True)
+    (kwargs,) = calls
+    assert kwargs["address"] == "local" and kwargs["include_dashboard"]
+    assert kwargs["dashboard_host"] == serve.LOOPBACK == "127.0.0.1"
