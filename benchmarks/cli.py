@@ -21,6 +21,10 @@ SUBCOMMANDS = {
         "pdserve.benchmarks.ramp",
         "a stepped request rate against a server with its planner on: replicas and latency",
     ),
+    "serve": (
+        "pdserve.benchmarks.serve_bench.cli",
+        "online serving load as vllm bench serve: TTFT, TPOT, ITL, throughput, goodput",
+    ),
     "cluster-latency": (
         "pdserve.benchmarks.cluster_latency",
         "TTFT and ITL through the cluster (aggregated, disaggregated) vs offline",

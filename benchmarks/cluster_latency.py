@@ -2,7 +2,7 @@
 
 One workload (the engine benchmark's heterogeneous prompts and outputs, outputs capped short),
 greedy with ``ignore_eos``, sent on one seeded schedule three times: into an in-process
-``AsyncLLMEngine`` (the baseline), then over HTTP with the ``openai`` SDK, streaming
+``AsyncLLMEngine`` (the baseline), then over HTTP (aiohttp, ``openai_http.py``), streaming
 ``/v1/completions``, into a local cluster of one decode replica (aggregated), then into the app
 redeployed as one prefill and one decode replica (disaggregated; fresh replicas, so no prefix cache
 carries over). Every time is taken at the client, each run after a few untimed warm-up requests.
@@ -28,11 +28,11 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import torch
 
+from pdserve.benchmarks.arrivals import arrival_offsets
+from pdserve.benchmarks.openai_http import OpenAIClient
 from pdserve.benchmarks.stream_timing import (
     Send,
     Summary,
-    arrival_offsets,
-    http_client,
     http_request,
     measure,
     offline_sender,
@@ -107,8 +107,8 @@ T = TypeVar("T")
 
 async def _over_http(config: ClusterConfig, use: Callable[[Send], Awaitable[T]]) -> T:
     name = config.models[0].name
-    async with http_client(f"http://127.0.0.1:{config.http_port}") as sdk:
-        return await use(lambda item: http_request(sdk, name, item))
+    async with OpenAIClient(f"http://127.0.0.1:{config.http_port}") as client:
+        return await use(lambda item: http_request(client, name, item))
 
 
 def _route_decisions(name: str) -> dict[str, int]:
@@ -153,13 +153,13 @@ def router_overhead(
 
     async def measure_all() -> list[tuple[float, float, float]]:
         rows = []
-        async with http_client(f"http://127.0.0.1:{config.http_port}") as sdk:
+        async with OpenAIClient(f"http://127.0.0.1:{config.http_port}") as client:
             for prompt in prompts:
                 item = WorkItem(prompt, 1)
                 local = (await in_process(item)).ttft
-                http = (await http_request(sdk, name, item)).ttft
+                http = (await http_request(client, name, item)).ttft
                 start = time.perf_counter()
-                await sdk.models.list()
+                await client.models()
                 rows.append((local, http, time.perf_counter() - start))
         return rows
 

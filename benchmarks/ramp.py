@@ -23,46 +23,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pdserve.benchmarks.stream_timing import Timing, http_client, http_request
+from pdserve.benchmarks.arrivals import Stage, parse_stages, send_times
+from pdserve.benchmarks.latency import Timing
+from pdserve.benchmarks.openai_http import OpenAIClient
+from pdserve.benchmarks.stream_timing import http_request
 from pdserve.benchmarks.workload import WorkItem
 from pdserve.cluster.plotting import pyplot
 
 POOLS = ("prefill", "decode")
 
 
-class Stage(NamedTuple):
-    rate: float  # requests/s
-    seconds: float
-
-
 class Sent(NamedTuple):
     at: float  # seconds from the run's start
     timing: Timing | None  # None: the request failed
     error: str | None
-
-
-def parse_stages(text: str) -> list[Stage]:
-    """``"1:30,6:45"`` -> 1 request/s for 30 s, then 6 for 45 s."""
-    stages = []
-    for part in text.split(","):
-        rate, _, seconds = part.partition(":")
-        stage = Stage(float(rate), float(seconds))
-        if stage.rate <= 0 or stage.seconds <= 0:
-            raise ValueError(f"a stage is rate:seconds, both > 0; got {part!r}")
-        stages.append(stage)
-    return stages
-
-
-def send_times(stages: list[Stage], seed: int) -> list[float]:
-    """A Poisson process whose rate steps through the stages, as offsets from the start."""
-    rng, times, start = random.Random(seed), [], 0.0
-    for stage in stages:
-        t = start + rng.expovariate(stage.rate)
-        while t < start + stage.seconds:
-            times.append(t)
-            t += rng.expovariate(stage.rate)
-        start += stage.seconds
-    return times
 
 
 def windows(sent: list[Sent], seconds: float, window_s: float) -> list[dict]:
@@ -133,12 +107,12 @@ async def _run_load(
     ]
     start, done = time.perf_counter(), asyncio.Event()
     sampler = asyncio.ensure_future(_sample(args, start, done))
-    async with http_client(args.url) as sdk:
+    async with OpenAIClient(args.url) as client:
 
         async def one(offset: float, item: WorkItem) -> Sent:
             await asyncio.sleep(start + offset - time.perf_counter())
             try:
-                return Sent(offset, await http_request(sdk, args.model, item), None)
+                return Sent(offset, await http_request(client, args.model, item), None)
             except Exception as error:  # counted and reported: the run goes on
                 return Sent(offset, None, repr(error))
 

@@ -1,36 +1,19 @@
 """Per-request TTFT and inter-token latency of streamed outputs, from the in-process engine or over
 the OpenAI HTTP API, with requests sent on a fixed (seeded Poisson, or all-at-once) schedule.
-
-A chunk can carry several tokens (the engine merges the deltas a slow consumer has not taken, and
-the cluster streams them in batches). As vLLM counts it, a chunk of k tokens that arrives g
-seconds after the previous one adds k gaps of g / k; the tokens a first chunk carries beyond the
-first arrive with it, at TTFT, and add no gap.
+Tokens are timed as ``latency.TokenClock`` counts them.
 """
 
 import asyncio
 import itertools
-import math
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-import numpy as np
-import openai
-
+from pdserve.benchmarks.latency import Timing, TokenClock, distribution
+from pdserve.benchmarks.openai_http import COMPLETIONS, OpenAIClient, completion_body
 from pdserve.benchmarks.workload import WorkItem
 from pdserve.engine.async_engine import AsyncLLMEngine
 from pdserve.engine.sampling_params import SamplingParams
-
-# Extra OpenAI request fields: the exact output length, and each chunk's tokens as ids to count.
-HTTP_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
-HTTP_TIMEOUT_S = 600.0
-
-
-class Timing(NamedTuple):
-    ttft: float  # seconds from the request's send to its first token
-    itls: list[float]  # one gap per token after the first, seconds
-    num_tokens: int
 
 
 class Summary(NamedTuple):
@@ -39,33 +22,6 @@ class Summary(NamedTuple):
     itl_p50: float
     itl_p99: float
     tokens_per_s: float  # output tokens over the wall time from the first send to the last token
-
-
-class TokenClock:
-    """Turns a stream's chunks, as they arrive, into a ``Timing``."""
-
-    def __init__(self) -> None:
-        self.sent = time.perf_counter()
-        self.last = self.sent
-        self.ttft: float | None = None
-        self.itls: list[float] = []
-        self.num_tokens = 0
-
-    def tick(self, num_tokens: int) -> None:
-        if num_tokens == 0:  # e.g. a last chunk with only the finish reason
-            return
-        now = time.perf_counter()
-        if self.ttft is None:
-            self.ttft = now - self.sent
-        else:
-            self.itls += [(now - self.last) / num_tokens] * num_tokens
-        self.last = now
-        self.num_tokens += num_tokens
-
-    def timing(self, expected_tokens: int) -> Timing:
-        if self.ttft is None or self.num_tokens != expected_tokens:
-            raise RuntimeError(f"asked for {expected_tokens} tokens, got {self.num_tokens}")
-        return Timing(self.ttft, self.itls, self.num_tokens)
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -88,40 +44,10 @@ def offline_sender(engine: AsyncLLMEngine, prefix: str) -> Send:
     return lambda item: offline_request(engine, f"{prefix}-{next(ids)}", item)
 
 
-async def http_request(sdk: openai.AsyncOpenAI, model: str, item: WorkItem) -> Timing:
+async def http_request(client: OpenAIClient, model: str, item: WorkItem) -> Timing:
     clock = TokenClock()
-    stream = await sdk.completions.create(
-        model=model,
-        prompt=item.prompt,
-        max_tokens=item.output_len,
-        temperature=0,
-        logprobs=0,
-        stream=True,
-        extra_body=HTTP_EXTRA,
-    )
-    async for chunk in stream:
-        for choice in chunk.choices:
-            clock.tick(len(choice.logprobs.tokens) if choice.logprobs else 0)
+    await client.stream(COMPLETIONS, completion_body(model, item.prompt, item.output_len), clock)
     return clock.timing(item.output_len)
-
-
-def http_client(url: str) -> openai.AsyncOpenAI:
-    """An OpenAI client of the server at ``url`` (e.g. ``http://127.0.0.1:8000``, no /v1)."""
-    return openai.AsyncOpenAI(
-        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=HTTP_TIMEOUT_S
-    )
-
-
-def arrival_offsets(num_requests: int, rate: float, seed: int) -> list[float]:
-    """Send times from the start: a Poisson process of ``rate`` requests/s, the first at 0;
-    ``rate`` inf sends them all at once."""
-    if math.isinf(rate):
-        return [0.0] * num_requests
-    rng = random.Random(seed)
-    offsets = [0.0]
-    for _ in range(num_requests - 1):
-        offsets.append(offsets[-1] + rng.expovariate(rate))
-    return offsets
 
 
 async def warm_up(send: Send, items: list[WorkItem]) -> None:
@@ -141,12 +67,7 @@ async def measure(send: Send, workload: list[WorkItem], offsets: list[float]) ->
 
 
 def summarize(timings: list[Timing], seconds: float) -> Summary:
-    ttfts = [t.ttft for t in timings]
-    itls = [gap for t in timings for gap in t.itls] or [math.nan]  # 1-token outputs: no gaps
-    return Summary(
-        float(np.percentile(ttfts, 50)),
-        float(np.percentile(ttfts, 99)),
-        float(np.percentile(itls, 50)),
-        float(np.percentile(itls, 99)),
-        sum(t.num_tokens for t in timings) / seconds,
-    )
+    ttft = distribution([t.ttft for t in timings])
+    itl = distribution([gap for t in timings for gap in t.itls])  # 1-token outputs: no gaps
+    tokens_per_s = sum(t.num_tokens for t in timings) / seconds
+    return Summary(ttft.p50, ttft.p99, itl.p50, itl.p99, tokens_per_s)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.benchmarks.stream_timing import TokenClock, arrival_offsets
+from pdserve.benchmarks.arrivals import arrival_offsets
+from pdserve.benchmarks.latency import TokenClock
 from pdserve.benchmarks.workload import FULL, make_workload
 from pdserve.engine.config import ModelConfig
 from pdserve.serving.config import DEFAULT_LOCAL_PREFILL_MAX_TOKENS

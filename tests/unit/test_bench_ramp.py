@@ -2,8 +2,9 @@
 
 import pytest
 
-from pdserve.benchmarks.ramp import Sent, Stage, parse_stages, send_times, windows
-from pdserve.benchmarks.stream_timing import Timing
+from pdserve.benchmarks.arrivals import Stage, parse_stages, send_times
+from pdserve.benchmarks.latency import Timing
+from pdserve.benchmarks.ramp import Sent, windows
 
 
 def test_stages_parse_and_refuse_nonsense() -> None:

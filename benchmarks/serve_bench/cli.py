@@ -1,0 +1,199 @@
+"""``pdserve bench serve``: the online serving benchmark our users know from ``vllm bench serve``.
+
+Sends a dataset's requests (``--dataset random|prefix-shared|chat``) to an OpenAI-compatible server
+(``--url``) or pdserve's gRPC API (``--grpc``) on a seeded schedule: Poisson or gamma arrivals at
+``--request-rate`` (several, comma-separated: a sweep, one run per rate), at most
+``--max-concurrency`` in flight, or a ``--ramp`` of rate:seconds stages. Each run draws its own
+prompts (seed + run index), so the server's prefix cache carries nothing from one run to the next.
+Prints the summaries (``metrics.py``: TTFT, TPOT, ITL, E2EL, throughputs, goodput under
+``--slo``) and writes ``--out`` (JSON: config, per-request records, summaries) with PNGs beside
+it. ``--compare a.json b.json`` prints b's summaries over a's instead.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tqdm import tqdm
+
+from pdserve.benchmarks.arrivals import POISSON, Stage, arrival_offsets, parse_stages, send_times
+from pdserve.benchmarks.serve_bench.backends import Backend, open_backend
+from pdserve.benchmarks.serve_bench.compare import compare_files
+from pdserve.benchmarks.serve_bench.datasets import (
+    DATASETS,
+    BenchRequest,
+    PromptShape,
+    make_requests,
+)
+from pdserve.benchmarks.serve_bench.metrics import cell, parse_slos, summarize
+from pdserve.benchmarks.serve_bench.plots import write_plots
+from pdserve.benchmarks.serve_bench.runner import run_schedule, send_one
+from pdserve.engine.tokenizer import Tokenizer
+
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
+class RunPlan(NamedTuple):
+    label: str
+    request_rate: float | None  # None: a ramp
+    stages: list[Stage] | None
+    offsets: list[float]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    server = parser.add_mutually_exclusive_group()
+    server.add_argument("--url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    server.add_argument("--grpc", metavar="HOST:PORT", help="pdserve's gRPC API")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"sent as Authorization: Bearer (default: ${API_KEY_ENV}, as vLLM's bench)",
+    )
+    parser.add_argument("--model", help="the served model (default: the server's first)")
+    parser.add_argument(
+        "--tokenizer", type=Path, help="its directory (default: --model's, if local)"
+    )
+    parser.add_argument("--dataset", choices=DATASETS, default="random")
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        help="/v1/chat/completions (default: for the chat dataset only)",
+    )
+    parser.add_argument("--num-prompts", type=int, default=100, help="per run (not a ramp's)")
+    parser.add_argument("--input-len", type=int, default=256, help="random: mean prompt tokens")
+    parser.add_argument(
+        "--output-len", type=int, default=128, help="mean max_tokens (chat: the set's own)"
+    )
+    parser.add_argument("--range-ratio", type=float, default=0.0, help="lengths: mean * [1±r]")
+    parser.add_argument("--num-tenants", type=int, default=4, help="prefix-shared")
+    parser.add_argument("--prefix-len", type=int, default=256, help="prefix-shared: shared tokens")
+    parser.add_argument("--suffix-len", type=int, default=64, help="prefix-shared: own tokens")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--request-rate", default="inf", help="req/s, or a sweep: 1,2,4 (inf: all)")
+    load.add_argument("--ramp", metavar="STAGES", help="rate:seconds,... (as bench ramp)")
+    parser.add_argument(
+        "--burstiness", type=float, default=POISSON, help="gamma shape (1: Poisson)"
+    )
+    parser.add_argument("--max-concurrency", type=int, help="most requests in flight")
+    parser.add_argument("--slo", help="goodput's SLOs in ms, e.g. ttft=200,itl=50 (or tpot, e2el)")
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--warmup", type=int, default=1, help="requests before the runs, untimed")
+    parser.add_argument("--seed", type=int, default=0, help="prompts and arrivals")
+    parser.add_argument("--disable-tqdm", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("bench-serve.json"))
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="b / a; no run")
+
+
+def plan_runs(args: argparse.Namespace) -> list[RunPlan]:
+    """One run per request rate, or one ramp; each with its own seed (``args.seed`` + index)."""
+    if args.ramp:
+        stages = parse_stages(args.ramp)
+        return [
+            RunPlan(
+                f"ramp {args.ramp}", None, stages, send_times(stages, args.seed, args.burstiness)
+            )
+        ]
+    plans = []
+    for i, text in enumerate(args.request_rate.split(",")):
+        rate = float(text)
+        if rate <= 0:
+            raise ValueError(f"a request rate must be > 0 (inf: all at once), got {text!r}")
+        label = f"rate {rate:g}" + (
+            f", concurrency {args.max_concurrency}" if args.max_concurrency else ""
+        )
+        offsets = arrival_offsets(args.num_prompts, rate, args.seed + i, args.burstiness)
+        plans.append(RunPlan(label, rate, None, offsets))
+    return plans
+
+
+def _tokenizer(args: argparse.Namespace, model: str) -> Tokenizer:
+    path = args.tokenizer or (Path(model) if Path(model).is_dir() else None)
+    if path is None:
+        raise ValueError(f"the model {model!r} is no local directory: give --tokenizer DIR")
+    return Tokenizer.from_pretrained(path)
+
+
+async def _bench(args: argparse.Namespace, plans: list[RunPlan]) -> dict[str, Any]:
+    chat = args.dataset == "chat" if args.chat is None else args.chat
+    slos = parse_slos(args.slo)
+    shape = PromptShape(
+        args.input_len,
+        args.output_len,
+        args.range_ratio,
+        args.num_tenants,
+        args.prefix_len,
+        args.suffix_len,
+    )
+    async with open_backend(
+        args.url, args.grpc, args.model, chat, args.ignore_eos, args.api_key
+    ) as backend:
+        tokenizer = _tokenizer(args, backend.model)
+
+        def draw(count: int, seed: int) -> list[BenchRequest]:
+            return make_requests(args.dataset, tokenizer, shape, count, seed, chat)
+
+        await _warm_up(backend, draw(args.warmup, args.seed + len(plans)))
+        runs = []
+        for i, plan in enumerate(plans):
+            requests = draw(len(plan.offsets), args.seed + i)
+            with tqdm(total=len(requests), desc=plan.label, disable=args.disable_tqdm) as bar:
+                records, seconds = await run_schedule(
+                    backend, requests, plan.offsets, args.max_concurrency, bar
+                )
+            runs.append(
+                {
+                    "label": plan.label,
+                    "request_rate": plan.request_rate,
+                    "stages": None if plan.stages is None else [s._asdict() for s in plan.stages],
+                    "summary": summarize(records, seconds, slos),
+                    "requests": [r.row() for r in records],
+                }
+            )
+    given = vars(args) | {"api_key": None}  # never written to the result
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in given.items()}
+    server = f"grpc {args.grpc}" if args.grpc else f"http {args.url}" + (" chat" if chat else "")
+    return {
+        "model": backend.model,
+        "backend": server,
+        "dataset": args.dataset,
+        "slos_ms": slos,
+        "config": config,
+        "runs": runs,
+    }
+
+
+async def _warm_up(backend: Backend, requests: list[BenchRequest]) -> None:
+    """Untimed requests first: a wrong URL or model fails here, before any run."""
+    records = await asyncio.gather(*(send_one(backend, r, 0.0) for r in requests))
+    failed = [r.error for r in records if r.error is not None]
+    if failed:
+        raise RuntimeError(f"the warm-up failed: {failed[0]}")
+
+
+def print_summaries(result: dict) -> None:
+    runs = result["runs"]
+    print(f"{result['model']} over {result['backend']}, dataset {result['dataset']}")
+    print("| metric | " + " | ".join(run["label"] for run in runs) + " |")
+    print("|---" * (len(runs) + 1) + "|")
+    for key in (k for k in runs[0]["summary"] if k != "errors"):
+        print(f"| {key} | " + " | ".join(cell(run["summary"][key]) for run in runs) + " |")
+    for run in runs:
+        for error, count in run["summary"]["errors"].items():
+            print(f"{run['label']}: {count} failed: {error}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        print("\n".join(compare_files(*args.compare)))
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = asyncio.run(_bench(args, plan_runs(args)))
+    args.out.write_text(json.dumps(result, indent=1))
+    print_summaries(result)
+    print(f"wrote {args.out}")
+    for png in write_plots(result, args.out):
+        print(f"plotted {png}")
+    return 1 if any(run["summary"]["failed"] for run in result["runs"]) else 0

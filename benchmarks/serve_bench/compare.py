@@ -1,0 +1,50 @@
+"""``pdserve bench serve --compare a.json b.json``: each summary figure of b over a's, run by run
+(a sweep's runs paired in order)."""
+
+import json
+import math
+from pathlib import Path
+
+from pdserve.benchmarks.serve_bench.metrics import cell
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def compare_table(a: dict, b: dict) -> list[str]:
+    """Markdown rows: run, metric, a, b, b / a, for every finite number both summaries hold."""
+    lines = ["| run | metric | a | b | b / a |", "|---|---|---|---|---|"]
+    for run_a, run_b in zip(a["runs"], b["runs"], strict=False):
+        label = (
+            run_a["label"]
+            if run_a["label"] == run_b["label"]
+            else (f"{run_a['label']} vs {run_b['label']}")
+        )
+        for metric, value_a in run_a["summary"].items():
+            value_b = run_b["summary"].get(metric)
+            if not (_number(value_a) and _number(value_b)):
+                continue
+            ratio = f"{value_b / value_a:.3f}x" if value_a else "-"
+            lines.append(f"| {label} | {metric} | {cell(value_a)} | {cell(value_b)} | {ratio} |")
+    return lines
+
+
+def _what(result: dict) -> str:
+    return f"{result['model']} over {result['backend']}, dataset {result['dataset']}"
+
+
+def compare_files(a: Path, b: Path) -> list[str]:
+    first, second = (json.loads(path.read_text()) for path in (a, b))
+    lines = [
+        f"{name}: {path} ({_what(result)})"
+        for name, path, result in (("a", a, first), ("b", b, second))
+    ]
+    lines.append("")
+    if len(first["runs"]) != len(second["runs"]):
+        lines.insert(
+            2,
+            f"runs: {len(first['runs'])} in a, {len(second['runs'])} in b; "
+            "the first of each compared in order",
+        )
+    return lines + compare_table(first, second)
