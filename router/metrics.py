@@ -51,6 +51,11 @@ class RouterMetrics:
             "Prompt tokens served from a prefix cache, by route decision.",
             (*t, "decision"),
         )
+        self.migrations = counter(
+            "request_migrations",
+            "Requests moved to another decode replica after theirs was lost (router/migration.py).",
+            t,
+        )
         self.http_responses = counter(
             "http_responses", "HTTP responses by status code.", ("path", "status")
         )
@@ -72,6 +77,9 @@ class RouterMetrics:
     def count_decision(self, model_name: str, decision: str, reason: str) -> None:
         tags = {"model_name": model_name, "decision": decision, "reason": reason}
         self.route_decisions.inc(1, tags)
+
+    def count_migration(self, model_name: str) -> None:
+        self.migrations.inc(1, {"model_name": model_name})
 
     async def observe(
         self, model_name: str, decision: str, chunks: AsyncGenerator[RequestOutput, None]

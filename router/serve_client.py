@@ -12,7 +12,7 @@ import collections
 import logging
 from collections.abc import AsyncIterator
 
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
 from pdserve.engine.config import ModelConfig
@@ -24,10 +24,11 @@ from pdserve.engine.tokenizer import Tokenizer
 from pdserve.router.disaggregation import Decision, decide
 from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
 from pdserve.router.metrics import RouterMetrics
+from pdserve.router.migration import continuation, migrating
 from pdserve.router.placement import Role, placement_for
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 from pdserve.serving.config import ServedModel
-from pdserve.serving.messages import GenerateRequest, RemotePrefilled
+from pdserve.serving.messages import GenerateRequest, PrefillResult, RemotePrefilled
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class ServeEngineClient:
         self._prefill = None if prefill is None else prefill.options(method_name="prefill")
         self._decode = decode.options(stream=True, method_name="generate")
         self._health = decode.options(method_name="check_health")
-        # "local" and "remote", and per reason (e.g. "local:cached"): where prompts prefilled.
+        # "local" and "remote", and per reason (e.g. "local:cached"): where prompts prefilled;
+        # "migrated": continuations after a lost decode replica.
         self.route_decisions: collections.Counter[str] = collections.Counter()
 
     def generate(
@@ -65,32 +67,52 @@ class ServeEngineClient:
         params: SamplingParams,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        """Streams the request's deltas from the workers, decided, routed and timed."""
+        """Streams the request's deltas from the workers, decided, routed, timed, and moved to
+        another decode replica if its own is lost (``migration.py``)."""
         block_hashes: list[bytes] = []
         extend_block_hashes(block_hashes, prompt_token_ids, self._block_size)
         request = GenerateRequest(
             request_id, prompt_token_ids, params, priority, tuple(block_hashes)
         )
+        decision, reason = self._place(request)
+        self.route_decisions[decision] += 1
+        if decision == "local":
+            self.route_decisions[f"local:{reason}"] += 1
+
+        def resume(sent: list[int]) -> AsyncIterator[RequestOutput]:
+            self.route_decisions["migrated"] += 1
+            if self._metrics is not None:
+                self._metrics.count_migration(self.model_name)
+            moved = continuation(request, sent, self._block_size)
+            self._place(moved, migrated=True)
+            return self._run(moved, "local")
+
+        chunks = migrating(
+            request_id, self._run(request, decision), resume, self.served.migration_limit
+        )
+        if self._metrics is None:
+            return chunks
+        self._metrics.count_decision(self.model_name, decision, reason)
+        return self._metrics.observe(self.model_name, decision, chunks)
+
+    def _place(self, request: GenerateRequest, migrated: bool = False) -> tuple[Decision, str]:
+        """Picks the request's decode replica and whether it prefills there or remotely (and
+        where); the choices go in ``request.replicas``. A migrated request prefills locally."""
         decode = placement_for(self.model_name, "decode")
         prefill = placement_for(self.model_name, "prefill")
         cached_tokens = 0
         if decode is not None and decode.num_replicas:
             placed = decode.place(request)
             request.replicas["decode"], cached_tokens = placed.replica, placed.cached_tokens
+        if migrated:  # recovery in one hop: no prefill call, no KV lease to hand over
+            return "local", "migrated"
         has_prefill_pool = self._prefill is not None
         decision, reason = decide(
             request, self.served.routing, has_prefill_pool, cached_tokens, prefill
         )
         if decision == "remote" and prefill is not None:
             request.replicas["prefill"] = prefill.place(request).replica
-        self.route_decisions[decision] += 1
-        if decision == "local":
-            self.route_decisions[f"local:{reason}"] += 1
-        chunks = self._run(request, decision)
-        if self._metrics is None:
-            return chunks
-        self._metrics.count_decision(self.model_name, decision, reason)
-        return self._metrics.observe(self.model_name, decision, chunks)
+        return decision, reason
 
     async def _run(
         self, request: GenerateRequest, decision: Decision
@@ -101,20 +123,22 @@ class ServeEngineClient:
         try:
             mark_upstream_call()
             if decision == "remote":
-                try:
-                    prefill = await self._prefill.remote(request)
-                finally:
-                    self._ended("prefill", request)
-                mark_upstream_output(prefill.first_output)
-                if prefill.kv is None:  # it ended at its first token
-                    yield prefill.first_output
-                    return
-                work = RemotePrefilled(request, prefill)
-                if streams_early(params):
-                    first = prefill.first_output
-                    yield as_first_chunk(first)
+                prefill = await self._remote_prefill(request)
+                if prefill is not None:
+                    mark_upstream_output(prefill.first_output)
+                    if prefill.kv is None:  # it ended at its first token
+                        yield prefill.first_output
+                        return
+                    work = RemotePrefilled(request, prefill)
+                    if streams_early(params):
+                        first = prefill.first_output
+            # Sent before the early first token goes out: a client that leaves at that token
+            # cancels a decode call that has the KV handle (its pull ends the lease, then it
+            # aborts), instead of leaving the prefill replica's blocks until the lease expires.
             stream = self._decode.remote(work)
             try:
+                if first is not None:
+                    yield as_first_chunk(first)
                 async for chunk in stream:
                     mark_upstream_output(chunk)
                     if first is not None:
@@ -127,6 +151,22 @@ class ServeEngineClient:
                 self._ended("decode", request)
         except RayTaskError as error:  # the replica's own exception, e.g. a RequestError
             raise error.cause from None
+
+    async def _remote_prefill(self, request: GenerateRequest) -> PrefillResult | None:
+        """The prefill replica's result; None if that replica was lost, so the request prefills
+        at its decode replica instead."""
+        try:
+            return await self._prefill.remote(request)
+        except RayActorError as error:
+            logger.warning(
+                "request %s: prefill replica lost (%s); prefilling at the decode replica",
+                request.request_id,
+                type(error).__name__,
+            )
+            request.replicas.pop("prefill", None)
+            return None
+        finally:
+            self._ended("prefill", request)
 
     def _ended(self, role: Role, request: GenerateRequest) -> None:
         """Tells the pool's placement (if it keeps count) that the request's call has ended."""
