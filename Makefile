@@ -30,8 +30,15 @@ test-deps:
 		--no-install-recommends prometheus >/dev/null; } || \
 		echo "prometheus is not installed: the tests that need it will skip"
 
+# Two pytest runs side by side: the tests that use Ray (one cluster, in order) and the rest, which
+# run in the Ray tests' waits. The Ray run reports as it goes, the other when both are done.
 test: lint test-deps
-	$(PY) -m pytest -q tests
+	@rest_log=$$(mktemp); \
+	$(PY) -m pytest -q -m "not ray" tests > $$rest_log 2>&1 & rest=$$!; \
+	$(PY) -m pytest -q -m ray tests; ray_status=$$?; \
+	wait $$rest; rest_status=$$?; \
+	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
+	[ $$ray_status = 0 ] && [ $$rest_status = 0 ]
 
 # Unit tests without the slow ones: no Ray, for constant use.
 test-fast: setup

@@ -44,11 +44,25 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["SessionCl
         yield cluster
 
 
+def _uses_ray(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("own_ray_cluster")) or "ray_cluster" in getattr(
+        item, "fixturenames", ()
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the marker this adds
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start a Ray cluster of their own (``pdserve serve`` as a user runs it) go first,
+    """Every test that uses Ray is marked ``ray``: ``make test`` runs those (one cluster, in
+    order) and the rest side by side, the rest in the Ray tests' waits (start-ups, scrapes,
+    planner intervals).
+
+    Tests that start a Ray cluster of their own (``pdserve serve`` as a user runs it) go first,
     before the session's cluster exists: two clusters at once would share Ray's files in /tmp/ray
     (Prometheus' service-discovery file among them)."""
     items.sort(key=lambda item: not item.get_closest_marker("own_ray_cluster"))
+    for item in items:
+        if _uses_ray(item):
+            item.add_marker(pytest.mark.ray)
 
 
 @pytest.fixture

@@ -287,7 +287,7 @@ def test_grpc_through_serve_proxy_equals_offline(cluster, offline):
     assert routed["remote"] == 1, routed
 
 
-def test_cluster_ends_with_every_block_free():
+def test_cluster_ends_with_every_block_free(cluster):
     stats = wait_all_free(POOLS)
     assert all(s["kv_pinned_blocks"] == 0 for s in stats.values())
     assert ray.is_initialized()
