@@ -35,7 +35,7 @@ test-deps:
 test: lint test-deps
 	@rest_log=$$(mktemp); \
 	$(PY) -m pytest -q -m "not ray" tests > $$rest_log 2>&1 & rest=$$!; \
-	$(PY) -m pytest -q -m ray tests; ray_status=$$?; \
+	$(PY) -m pytest -q -m ray --durations=12 tests; ray_status=$$?; \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
 	[ $$ray_status = 0 ] && [ $$rest_status = 0 ]
