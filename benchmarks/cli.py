@@ -29,4 +29,8 @@ SUBCOMMANDS = {
         "pdserve.benchmarks.cluster_latency",
         "TTFT and ITL through the cluster (aggregated, disaggregated) vs offline",
     ),
+    "chaos": (
+        "pdserve.benchmarks.chaos",
+        "streams while replicas are killed and clients disconnect: endings, leaks, memory",
+    ),
 }

@@ -21,7 +21,7 @@ from pdserve.prefill_worker.worker import PrefillWorker
 from pdserve.router.api_keys import key_digest
 from pdserve.router.ingress import Router
 from pdserve.router.kv_routing import KVAwareRouter
-from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel
+from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel, pool_deployment
 
 ROUTER_NUM_CPUS = 0.0
 PLANNER_NUM_CPUS = 0.0
@@ -44,7 +44,7 @@ def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Applic
         )
     deployment = serve.deployment(
         cls,
-        name=f"{role}-{served.name}",
+        name=pool_deployment(role, served.name),
         num_replicas=pool.replicas,
         max_ongoing_requests=pool.max_ongoing_requests,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,

@@ -34,6 +34,11 @@ DEFAULT_PROMETHEUS_PORT = 9090  # Prometheus' own
 DEFAULT_PLANNER_INTERVAL_S = 30.0
 
 
+def pool_deployment(role: str, model: str) -> str:
+    """The Serve deployment of ``model``'s ``role`` ("prefill" or "decode") pool."""
+    return f"{role}-{model}"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

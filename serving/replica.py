@@ -1,8 +1,10 @@
 """A worker replica's engine and KV connector, built and reported the same way in both pools."""
 
 import dataclasses
+import os
 import threading
 import time
+from pathlib import Path
 
 from ray import serve
 
@@ -15,6 +17,9 @@ from pdserve.kvtransfer.layout import KVLayout
 from pdserve.serving.config import ServedModel
 from pdserve.serving.stats_log import StatsLog
 from pdserve.serving.worker_metrics import METRICS_PERIOD_S, WorkerMetrics
+
+# Linux: the process's sizes in pages, the resident set second (psutil is no dependency of ours).
+STATM = Path("/proc/self/statm")
 
 
 def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
@@ -45,10 +50,21 @@ def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
     return engine, connectors[0]
 
 
+def resident_set_bytes() -> int | None:
+    """This process's resident set size now; None where there is no /proc (not Linux)."""
+    try:
+        resident_pages = int(STATM.read_text().split()[1])
+    except OSError:
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def replica_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
-    """A replica's state for routing and tests: engine stats, transfer counters, its id."""
+    """A replica's state for routing and tests: engine stats, transfer counters, its id, its
+    process's resident memory (``pdserve bench chaos`` watches it across kills)."""
     return {
         "replica": serve.get_replica_context().replica_id.unique_id,
+        "rss_bytes": resident_set_bytes(),
         **dataclasses.asdict(engine.stats),
         "kv_pinned_blocks": connector.num_pinned_blocks,
         "kv_transfer_failures": engine.num_transfer_failures,

@@ -18,7 +18,13 @@ from pdserve.cluster.planner.profile import Profile
 from pdserve.cluster.planner.prometheus_source import PrometheusSource
 from pdserve.cluster.planner.serve_scaler import ServeScaler
 from pdserve.cluster.planner.sizing import Targets
-from pdserve.serving.config import ClusterConfig, PlannerConfig, PoolConfig, ServedModel
+from pdserve.serving.config import (
+    ClusterConfig,
+    PlannerConfig,
+    PoolConfig,
+    ServedModel,
+    pool_deployment,
+)
 from pdserve.serving.logs import replica_logger
 from pdserve.serving.metrics import ROUTER_TAGS, HeldGauges, gauge
 
@@ -114,7 +120,7 @@ class Planner:
                 pools = pools[1:]
             running = {}
             for pool, target, before in pools:
-                deployment = f"{pool}-{name}"
+                deployment = pool_deployment(pool, name)
                 if target != before:
                     self.scaler.scale(deployment, target)
                 running[pool] = running_now[deployment]

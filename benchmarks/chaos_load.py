@@ -1,0 +1,107 @@
+"""``pdserve bench chaos``'s load: client loops, each sending greedy streamed completions back to
+back until the run's end, and abandoning a fraction of them mid-stream (the client closes the
+connection after a random number of tokens).
+
+Every stream ends one way: completed (exactly its ``max_tokens`` tokens: ``ignore_eos``),
+abandoned by the client, refused before it started (HTTP 429 or 503: admission said no), or
+failed (an error after the server accepted it, or a wrong length).
+"""
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from typing import Literal, NamedTuple
+
+from pdserve.benchmarks.openai_http import (
+    COMPLETIONS,
+    OpenAIClient,
+    OpenAIError,
+    chunk_tokens,
+    completion_body,
+)
+from pdserve.benchmarks.serve_bench.datasets import BenchRequest
+
+Ending = Literal["completed", "abandoned", "refused", "failed"]
+ENDINGS: tuple[Ending, ...] = ("completed", "abandoned", "refused", "failed")
+# Too many requests, overloaded or stopped: refusals the client may retry, not a broken stream.
+REFUSAL_STATUSES = frozenset({429, 503})
+WRONG_LENGTH = "wrong length"
+# After a refusal or a failure: a server that answers at once would otherwise be hammered.
+RETRY_PAUSE_S = 0.5
+
+
+class Outcome(NamedTuple):
+    ending: Ending
+    tokens: int  # received
+    max_tokens: int
+    error: str | None  # refused or failed: why
+
+
+def abandon_point(rng: random.Random, max_tokens: int, fraction: float) -> int | None:
+    """After how many tokens the client closes the stream, for ``fraction`` of streams; None: it
+    reads to the end. At least one token and fewer than all, so the server is mid-stream."""
+    if max_tokens < 2 or rng.random() >= fraction:
+        return None
+    return rng.randint(1, max_tokens - 1)
+
+
+async def send(
+    client: OpenAIClient, model: str, request: BenchRequest, abandon_after: int | None
+) -> Outcome:
+    """One greedy streamed completion; its ending is returned, never raised."""
+    body = completion_body(model, request.prompt, request.output_len)
+    tokens = 0
+    try:
+        # aclosing: leaving the loop early closes the response, so the server sees the disconnect
+        async with contextlib.aclosing(client.events(COMPLETIONS, body)) as events:
+            async for event in events:
+                tokens += sum(chunk_tokens(choice) for choice in event.get("choices") or [])
+                if abandon_after is not None and tokens >= abandon_after:
+                    return Outcome("abandoned", tokens, request.output_len, None)
+    except OpenAIError as error:
+        ending = "refused" if error.status in REFUSAL_STATUSES else "failed"
+        return Outcome(ending, tokens, request.output_len, str(error))
+    except Exception as error:  # counted and reported: the run goes on
+        return Outcome("failed", tokens, request.output_len, f"{type(error).__name__}: {error}")
+    if tokens != request.output_len:
+        return Outcome("failed", tokens, request.output_len, WRONG_LENGTH)
+    return Outcome("completed", tokens, request.output_len, None)
+
+
+async def client_loop(
+    client: OpenAIClient,
+    model: str,
+    draw: Callable[[], BenchRequest],
+    rng: random.Random,
+    disconnect_fraction: float,
+    until: float,
+) -> list[Outcome]:
+    """Requests back to back until ``until`` (``time.monotonic()``); the last runs to its end."""
+    outcomes = []
+    while time.monotonic() < until:
+        request = draw()
+        abandon_after = abandon_point(rng, request.output_len, disconnect_fraction)
+        outcome = await send(client, model, request, abandon_after)
+        outcomes.append(outcome)
+        if outcome.ending in ("refused", "failed"):
+            await asyncio.sleep(RETRY_PAUSE_S)
+    return outcomes
+
+
+async def run_load(
+    client: OpenAIClient,
+    model: str,
+    draw: Callable[[], BenchRequest],
+    streams: int,
+    disconnect_fraction: float,
+    until: float,
+    seed: int,
+) -> list[Outcome]:
+    """``streams`` client loops at once; every stream's outcome, once all have ended."""
+    loops = [
+        client_loop(client, model, draw, random.Random(f"{seed}/{i}"), disconnect_fraction, until)
+        for i in range(streams)
+    ]
+    return [outcome for outcomes in await asyncio.gather(*loops) for outcome in outcomes]
