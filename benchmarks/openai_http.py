@@ -32,9 +32,10 @@ class Usage(NamedTuple):
 
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None  # prompt tokens the server found in its prefix cache
 
 
-NO_USAGE = Usage(None, None)
+NO_USAGE = Usage(None, None, None)
 
 
 class OpenAIError(RuntimeError):
@@ -133,10 +134,15 @@ class OpenAIClient:
             for choice in event.get("choices") or []:
                 clock.tick(chunk_tokens(choice))
             if event.get("usage"):
-                usage = Usage(
-                    event["usage"].get("prompt_tokens"), event["usage"].get("completion_tokens")
-                )
+                usage = _usage(event["usage"])
         return usage
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    details = usage.get("prompt_tokens_details") or {}
+    return Usage(
+        usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens")
+    )
 
 
 async def _check(response: aiohttp.ClientResponse) -> None:

@@ -77,7 +77,8 @@ class GrpcBackend:
             ):
                 clock.tick(len(response.token_ids))
                 if response.HasField("usage"):
-                    usage = Usage(response.usage.prompt_tokens, response.usage.completion_tokens)
+                    u = response.usage
+                    usage = Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
         except grpc.aio.AioRpcError as error:
             raise GrpcError(f"{error.code().name}: {error.details()}") from error
         return usage

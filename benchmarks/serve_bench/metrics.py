@@ -5,6 +5,8 @@
 - ITL: every gap between tokens, over all requests (``latency.TokenClock``'s gaps).
 - Throughputs: completed requests, output tokens, and prompt plus output tokens, per second of
   the run (its first send to its last response).
+- Prefix-cache hit rate: the prompt tokens the server reports cached (its usage's
+  ``cached_tokens``) over the prompt tokens of the requests it reported them for.
 - Goodput: completed requests per second that met every SLO given (``--slo ttft=200,itl=50``, ms).
   A request's ``itl`` is the mean of its gaps (aiperf's per-request inter-token latency); a request
   of one token has no TPOT or ITL, and meets those SLOs.
@@ -23,6 +25,7 @@ class Record(NamedTuple):
     sent_s: float  # from the run's start
     prompt_tokens: int  # the server's usage where it sent one, else the dataset's count
     output_tokens: int
+    cached_tokens: int | None  # of the prompt, found in the server's prefix cache (its usage)
     max_tokens: int  # asked for
     ttft_s: float | None  # None: no token came
     itls_s: list[float]
@@ -52,6 +55,7 @@ class Record(NamedTuple):
             "sent_s": self.sent_s,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
             "max_tokens": self.max_tokens,
         }
         for metric in LATENCIES:
@@ -82,6 +86,14 @@ def meets(record: Record, slos: dict[str, float]) -> bool:
     return all(v is None or v * MS <= slos[name] for name, v in values.items())
 
 
+def _hit_rate(done: list[Record]) -> float | None:
+    """Prompt tokens served from the prefix cache over all prompt tokens, where the server said
+    (its usage's ``cached_tokens``); None if it never did."""
+    told = [r for r in done if r.cached_tokens is not None]
+    prompt_tokens = sum(r.prompt_tokens for r in told)
+    return sum(r.cached_tokens for r in told) / prompt_tokens if prompt_tokens else None
+
+
 def summarize(records: list[Record], seconds: float, slos: dict[str, float]) -> dict[str, Any]:
     """The run's counts, throughputs, goodput and latency distributions (ms)."""
     done = [r for r in records if r.ok]
@@ -97,6 +109,7 @@ def summarize(records: list[Record], seconds: float, slos: dict[str, float]) -> 
         "output_throughput": outputs / seconds,
         "total_token_throughput": (inputs + outputs) / seconds,
         "goodput": sum(meets(r, slos) for r in records) / seconds if slos else None,
+        "prefix_cache_hit_rate": _hit_rate(done),
     }
     for metric in LATENCIES:
         if metric == "itl":  # every gap, not the per-request means

@@ -27,11 +27,12 @@ async def send_one(backend: Backend, request: BenchRequest, start: float) -> Rec
     except Exception as failure:  # counted and reported: the run goes on
         error = f"{type(failure).__name__}: {failure}"
     e2el = time.perf_counter() - clock.sent
-    prompt_tokens, output_tokens = usage
+    prompt_tokens, output_tokens, cached_tokens = usage
     return Record(
         sent_s=clock.sent - start,
         prompt_tokens=request.prompt_len if prompt_tokens is None else prompt_tokens,
         output_tokens=clock.num_tokens if output_tokens is None else output_tokens,
+        cached_tokens=cached_tokens,
         max_tokens=request.output_len,
         ttft_s=clock.ttft,
         itls_s=clock.itls,

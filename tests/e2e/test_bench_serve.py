@@ -86,6 +86,10 @@ def test_prefix_shared_over_grpc_under_a_concurrency_limit(
     (run,) = result["runs"]
     completed_exactly(run, PREFIX_LEN + SUFFIX_LEN + BOS)
     assert run["summary"]["goodput"] is None  # no SLO given
+    # The tenants' later requests find their prefix cached, as the server's usage says.
+    cached = [row["cached_tokens"] for row in run["requests"]]
+    assert all(0 <= c <= PREFIX_LEN + SUFFIX_LEN + BOS for c in cached) and max(cached) > 0
+    assert run["summary"]["prefix_cache_hit_rate"] > 0
 
 
 def test_the_chat_set_over_chat_completions(

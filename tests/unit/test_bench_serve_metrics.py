@@ -10,11 +10,11 @@ from pdserve.benchmarks.serve_bench.metrics import Record, parse_slos, summarize
 
 SECONDS = 2.0
 # 5 tokens: TTFT 100 ms, gaps 10, 10, 30, 30 ms, stream over at 200 ms -> TPOT 25 ms, ITL mean 20
-SLOW = Record(0.0, 10, 5, 5, 0.1, [0.01, 0.01, 0.03, 0.03], 0.2, None)
+SLOW = Record(0.0, 10, 5, 4, 5, 0.1, [0.01, 0.01, 0.03, 0.03], 0.2, None)
 # 3 tokens: TTFT 50 ms, gaps 5, 5 ms, over at 70 ms -> TPOT 10 ms, ITL mean 5
-FAST = Record(0.5, 20, 3, 3, 0.05, [0.005, 0.005], 0.07, None)
-ONE_TOKEN = Record(1.0, 30, 1, 1, 0.3, [], 0.3, None)  # no TPOT, no ITL
-FAILED = Record(1.5, 40, 0, 8, None, [], 0.01, "OpenAIError: HTTP 503: overloaded")
+FAST = Record(0.5, 20, 3, None, 3, 0.05, [0.005, 0.005], 0.07, None)
+ONE_TOKEN = Record(1.0, 30, 1, 30, 1, 0.3, [], 0.3, None)  # no TPOT, no ITL
+FAILED = Record(1.5, 40, 0, None, 8, None, [], 0.01, "OpenAIError: HTTP 503: overloaded")
 
 
 def test_a_chunk_of_k_tokens_adds_k_even_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,6 +36,8 @@ def test_latencies_by_vllm_definitions() -> None:
     summary = summarize([SLOW, FAST, ONE_TOKEN, FAILED], SECONDS, {})
     assert summary["completed"] == 3 and summary["failed"] == 1
     assert summary["errors"] == {FAILED.error: 1}
+    # cached over prompt tokens where the server said: (4 + 30) / (10 + 30); FAST did not say
+    assert summary["prefix_cache_hit_rate"] == pytest.approx(0.85)
     assert summary["mean_ttft_ms"] == pytest.approx(150.0)  # 100, 50, 300: the failure left out
     assert summary["p50_ttft_ms"] == pytest.approx(100.0)
     assert summary["mean_tpot_ms"] == pytest.approx(17.5)  # 25 and 10
