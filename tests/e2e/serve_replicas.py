@@ -1,11 +1,30 @@
-"""For tests that run a pdserve app: the tokens a response carries, and each worker replica's
-stats."""
+"""For tests that run a pdserve app: random prompts and the offline engine's greedy answers to
+them, the tokens a response carries, and each worker replica's stats."""
 
 import time
 
+import torch
 from ray import serve
 
 from pdserve.cluster.serve import APP_NAME
+from pdserve.engine.llm import LLM
+from pdserve.engine.sampling_params import SamplingParams
+
+VOCAB = 4096  # ids below every test model's vocabulary size
+
+
+def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
+    """Prompts of ``lengths`` tokens. A fresh seed for each use that must reach a replica
+    uncached: a prompt a decode replica has seen is cached there, so it prefills locally."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def offline_greedy(offline: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The offline engine's greedy tokens, exactly ``max_tokens`` each (the unit tests hold them
+    equal to transformers')."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [out.token_ids for out in offline.generate(prompts, params)]
 
 
 def token_ids(tokens: list[str]) -> list[int]:

@@ -18,7 +18,6 @@ import grpc
 import openai
 import pytest
 import ray
-import torch
 from ray import serve
 
 from pdserve.cluster.serve import APP_NAME
@@ -26,7 +25,13 @@ from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.grpc_service import pb, pb_grpc
 from pdserve.serving.config import DEFAULT_ROUTING_STATS_PERIOD_S
-from pdserve.tests.e2e.serve_replicas import replica_stats, token_ids, wait_all_free
+from pdserve.tests.e2e.serve_replicas import (
+    offline_greedy,
+    random_prompts,
+    replica_stats,
+    token_ids,
+    wait_all_free,
+)
 from pdserve.tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -62,10 +67,7 @@ def client(cluster):
 
 
 def _prompts(seed: int, lengths: list[int] = PROMPT_LENGTHS) -> list[list[int]]:
-    # A fresh seed for each use that must take the remote path: a prompt a decode replica has
-    # seen before is cached there, so it prefills locally.
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 4096, (n,), generator=generator).tolist() for n in lengths]
+    return random_prompts(seed, lengths)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +76,7 @@ def offline(tiny_model_dir) -> LLM:
 
 
 def _greedy(offline: LLM, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [out.token_ids for out in offline.generate(prompts, params)]
+    return offline_greedy(offline, prompts, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

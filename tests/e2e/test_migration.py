@@ -21,16 +21,19 @@ from pathlib import Path
 
 import grpc
 import pytest
-import torch
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.util.state import list_actors
 
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
-from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.grpc_service import pb, pb_grpc
-from pdserve.tests.e2e.serve_replicas import token_ids, wait_all_free
+from pdserve.tests.e2e.serve_replicas import (
+    offline_greedy,
+    random_prompts,
+    token_ids,
+    wait_all_free,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +72,7 @@ def cluster(ray_cluster, tiny_model_dir):
 
 
 def _prompts(seed: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 4096, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+    return random_prompts(seed, PROMPT_LENGTHS)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +81,7 @@ def offline(tiny_model_dir) -> LLM:
 
 
 def _greedy(offline: LLM, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [out.token_ids for out in offline.generate(prompts, params)]
+    return offline_greedy(offline, prompts, MAX_TOKENS)
 
 
 class Stream(threading.Thread):

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import openai
 import pytest
-import torch
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,7 +30,7 @@ from pdserve.router.metrics import RouterMetrics
 from pdserve.serving import metrics
 from pdserve.serving.config import SLAConfig
 from pdserve.serving.worker_metrics import WorkerMetrics
-from pdserve.tests.e2e.serve_replicas import wait_all_free
+from pdserve.tests.e2e.serve_replicas import random_prompts, wait_all_free
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,8 +52,7 @@ WAIT_S = 90.0
 
 
 def _prompt(seed: int, length: int) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 4096, (length,), generator=generator).tolist()
+    return random_prompts(seed, [length])[0]
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,19 @@ import time
 
 import openai
 import pytest
-import torch
 from ray import serve
 from ray.util.state import list_actors
 
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
-from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kvtransfer.nixl_shim import nixl_available
-from pdserve.tests.e2e.serve_replicas import replica_stats, token_ids, wait_all_free
+from pdserve.tests.e2e.serve_replicas import (
+    offline_greedy,
+    random_prompts,
+    replica_stats,
+    token_ids,
+    wait_all_free,
+)
 from pdserve.tests.ray_cluster import POOL_RESOURCES
 
 pytestmark = [
@@ -31,7 +35,6 @@ pytestmark = [
 ]
 
 MODEL = "multinode-tiny"
-VOCAB_SIZE = 4096  # the tiny preset's
 NUM_KV_BLOCKS = 128
 LOCAL_MAX = 64  # local_prefill_max_tokens: every prompt below goes remote
 PROMPT_LENGTHS = [100, 257, 420]
@@ -69,17 +72,13 @@ def client(served):
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(0)
-    return [
-        torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS
-    ]
+    return random_prompts(0, PROMPT_LENGTHS)
 
 
 @pytest.fixture(scope="module")
 def expected(tiny_model_dir, prompts) -> list[list[int]]:
     llm = LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [out.token_ids for out in llm.generate(prompts, params)]
+    return offline_greedy(llm, prompts, MAX_TOKENS)
 
 
 def _replica_node(address: str, pool: str) -> str:
