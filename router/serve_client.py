@@ -132,9 +132,10 @@ class ServeEngineClient:
                     work = RemotePrefilled(request, prefill)
                     if streams_early(params):
                         first = prefill.first_output
-            # Sent before the early first token goes out: a client that leaves at that token
-            # cancels a decode call that has the KV handle (its pull ends the lease, then it
-            # aborts), instead of leaving the prefill replica's blocks until the lease expires.
+            # Sent before the early first token goes out, so a client that leaves at that token
+            # cancels a decode call that may have reached its replica (whose pull ends the lease).
+            # A cancel that beats the call there leaves the prefill replica's blocks to the
+            # lease's expiry (kv_transfer.lease_seconds): the owner has no release from the router.
             stream = self._decode.remote(work)
             try:
                 if first is not None:
