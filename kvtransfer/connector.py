@@ -9,6 +9,7 @@ them, and the reader's ``receive_push`` completes when the bytes have landed. Ev
 not thread-safe: call it from one thread.
 """
 
+import collections
 import logging
 import time
 import uuid
@@ -61,6 +62,8 @@ class KVConnector(ABC):
         self.stats = TransferStats()
         self._free_blocks = free_blocks
         self._leases = LeaseTable(free_blocks, self.name)
+        # Leases whose reader will not come, ended at the next poll (deque: any thread appends).
+        self._dropped: collections.deque[str] = collections.deque()
         self._peers: dict[str, PeerInfo] = {}
 
     # -- both roles --------------------------------------------------------------------------
@@ -88,8 +91,11 @@ class KVConnector(ABC):
         self._peers[info.name] = info
 
     def poll(self) -> None:
-        """Owner bookkeeping, from the worker's loop: frees blocks of finished or expired leases."""
+        """Owner bookkeeping, from the worker's loop: frees blocks of finished, dropped or expired
+        leases."""
         self._handle_notifications()
+        while self._dropped:
+            self._leases.release(self._dropped.popleft())
         self.stats.num_leases_expired += len(self._leases.expire())
 
     @property
@@ -106,6 +112,13 @@ class KVConnector(ABC):
         """Makes blocks readable by a peer until the lease ends; they stay pinned till then."""
         lease_id, expires_at = self._leases.grant(block_ids, self.lease_seconds)
         return KVExport(self.name, tuple(block_ids), lease_id, expires_at)
+
+    def drop_lease(self, lease_id: str) -> None:
+        """From any thread: the export's reader will not come (the request ended before a decode
+        replica took it), so its blocks are freed at the next ``poll``, not at the expiry. A
+        reader still pulling reads blocks that may be reused meanwhile: only an aborted request's,
+        which it frees without caching them."""
+        self._dropped.append(lease_id)
 
     @abstractmethod
     def push(self, target: PushTarget, block_ids: list[int]) -> tuple[Transfer, PushReceipt]:

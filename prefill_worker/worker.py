@@ -37,3 +37,9 @@ class PrefillWorker(EngineReplica):
         # Stopped at the first token (EOS, a stop): nothing was held, nothing to decode.
         kv = output.kv_transfer_params if output.finish_reason == "length" else None
         return PrefillResult(output.without_prompt(), self.peer_info, kv)
+
+    async def release(self, request: GenerateRequest, lease_id: str) -> None:
+        """The router gave up on ``request`` before a decode replica took its KV (the client left
+        at the first token, or the decode replica died): its blocks are freed now, not when the
+        lease expires. ``request`` routes the call to this replica (``router/kv_routing.py``)."""
+        self.connector.drop_lease(lease_id)

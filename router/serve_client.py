@@ -54,6 +54,7 @@ class ServeEngineClient:
         # Built now, so their request routers (the pools' placements) exist before the first
         # request.
         self._prefill = None if prefill is None else prefill.options(method_name="prefill")
+        self._release = None if prefill is None else prefill.options(method_name="release")
         self._decode = decode.options(stream=True, method_name="generate")
         self._health = decode.options(method_name="check_health")
         # "local" and "remote", and per reason (e.g. "local:cached"): where prompts prefilled;
@@ -120,6 +121,7 @@ class ServeEngineClient:
         params = request.params
         work: GenerateRequest | RemotePrefilled = request
         first: RequestOutput | None = None  # streamed already; the decode side repeats it
+        lease: str | None = None  # the prefill replica's hold on the KV, until a decode takes it
         try:
             mark_upstream_call()
             if decision == "remote":
@@ -129,18 +131,15 @@ class ServeEngineClient:
                     if prefill.kv is None:  # it ended at its first token
                         yield prefill.first_output
                         return
-                    work = RemotePrefilled(request, prefill)
+                    work, lease = RemotePrefilled(request, prefill), prefill.kv.lease_id
                     if streams_early(params):
                         first = prefill.first_output
-            # Sent before the early first token goes out, so a client that leaves at that token
-            # cancels a decode call that may have reached its replica (whose pull ends the lease).
-            # A cancel that beats the call there leaves the prefill replica's blocks to the
-            # lease's expiry (kv_transfer.lease_seconds): the owner has no release from the router.
             stream = self._decode.remote(work)
             try:
                 if first is not None:
                     yield as_first_chunk(first)
                 async for chunk in stream:
+                    lease = None  # the decode replica has the KV: its pull ended the lease
                     mark_upstream_output(chunk)
                     if first is not None:
                         chunk, first = without_first_token(chunk, first), None
@@ -150,6 +149,8 @@ class ServeEngineClient:
             finally:
                 stream.cancel()
                 self._ended("decode", request)
+                if lease is not None:  # ended before a decode replica took the KV
+                    self._release.remote(request, lease)
         except RayTaskError as error:  # the replica's own exception, e.g. a RequestError
             raise error.cause from None
 

@@ -57,6 +57,9 @@ class KVPeer:
     def export(self, block_ids: list[int]) -> KVExport:
         return self.connector.export(block_ids)
 
+    def drop_lease(self, lease_id: str) -> None:
+        self.connector.drop_lease(lease_id)
+
     def push(self, target: PushTarget, block_ids: list[int]) -> PushReceipt:
         transfer, receipt = self.connector.push(target, block_ids)
         transfer.wait()

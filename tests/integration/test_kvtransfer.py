@@ -201,6 +201,21 @@ def test_expired_lease_frees_owner_blocks_and_refuses_the_pull(
     assert ray.get(reader.recompute.remote("expired")) == expected
 
 
+def test_a_dropped_lease_frees_owner_blocks_at_the_next_poll(tiny_model_dir, readers, prompt):
+    # What the router does when its request ends before a decode replica takes the KV. NIXL's
+    # owner holds blocks under a lease (the object store's frees them at export); a fresh owner,
+    # as the shared ones have the prompt cached, and cached blocks count as free.
+    owner = owner_for(tiny_model_dir, readers, "nixl")
+    _, owner_blocks = ray.get(owner.prefill.remote(prompt))
+    export = ray.get(owner.export.remote(owner_blocks))
+    assert ray.get(owner.poll.remote()) == NUM_BLOCKS - len(owner_blocks)  # pinned, unread
+    expired = ray.get(owner.stats.remote())["num_leases_expired"]
+    ray.get(owner.drop_lease.remote(export.lease_id))
+    assert ray.get(owner.poll.remote()) == NUM_BLOCKS  # at once, not at the expiry
+    assert ray.get(owner.stats.remote())["num_leases_expired"] == expired
+    ray.kill(owner)
+
+
 @pytest.mark.parametrize(
     "difference, named",
     [({"block_size": 32}, "block_size: 16 != 32"), ({"dtype": "bfloat16"}, "dtype: 'float32'")],
