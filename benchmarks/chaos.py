@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         start_stats = pool_stats(model, args.settle_timeout)
         migrated_before = migrations(model)
         outcomes, kills, seconds = asyncio.run(_chaos(args, model, plan, draw))
-        end_stats = settled_pool_stats(model, args.settle_timeout)
+        sizes = {deployment: len(replicas) for deployment, replicas in start_stats.items()}
+        end_stats = settled_pool_stats(model, sizes, args.settle_timeout)
         migrated = migrations(model) - migrated_before
     finally:
         ray.shutdown()

@@ -79,20 +79,26 @@ def pool_stats(model: str, timeout_s: float) -> dict[str, dict[str, dict | None]
     return {deployment: replica_stats(deployment, deadline) for deployment in deployments}
 
 
-def all_free(pools: dict[str, dict[str, dict | None]]) -> bool:
-    """Whether every replica answered and has all its KV blocks free."""
+def settled(pools: dict[str, dict[str, dict | None]], sizes: dict[str, int]) -> bool:
+    """Whether each pool is back at its size (``sizes``: replicas per deployment) and every
+    replica answered with all its KV blocks free."""
     replicas = [stats for by_id in pools.values() for stats in by_id.values()]
-    return all(s is not None and s["num_free_blocks"] == s["num_blocks"] for s in replicas)
+    restored = all(len(pools.get(deployment, {})) >= n for deployment, n in sizes.items())
+    free = all(s is not None and s["num_free_blocks"] == s["num_blocks"] for s in replicas)
+    return restored and free
 
 
-def settled_pool_stats(model: str, timeout_s: float) -> dict[str, dict[str, dict | None]]:
-    """``pool_stats`` once every replica has all its KV blocks free (the abort of an abandoned
-    or migrated request frees them a moment after its stream ends), or as last heard when
+def settled_pool_stats(
+    model: str, sizes: dict[str, int], timeout_s: float
+) -> dict[str, dict[str, dict | None]]:
+    """``pool_stats`` once Serve has replaced every killed replica (each pool back at its size
+    in ``sizes``) and every replica has all its KV blocks free (the abort of an abandoned or
+    migrated request frees them a moment after its stream ends), or as last heard when
     ``timeout_s`` runs out."""
     deadline = time.monotonic() + timeout_s
     while True:
         pools = pool_stats(model, max(0.0, deadline - time.monotonic()))
-        if all_free(pools) or time.monotonic() >= deadline:
+        if settled(pools, sizes) or time.monotonic() >= deadline:
             return pools
         time.sleep(POLL_S)
 
