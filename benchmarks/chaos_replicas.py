@@ -1,8 +1,6 @@
-"""The chaos benchmark's view of the cluster, from a driver joined to it: each pool's live replica
-actors, killing one, every live replica's stats, and the router's migration count.
-
-Serve names a replica's actor ``SERVE_REPLICA::<app>#<deployment>#<replica id>``; the id is the
-one a replica reports in its stats (``serving/replica.py:replica_stats``).
+"""The chaos benchmark's view of the cluster, from a driver joined to it: killing a pool's
+replica, every live replica's stats once the pools are whole again, and the router's migration
+count. What a replica is and how its stats are read: ``cluster/replicas.py``.
 """
 
 import random
@@ -10,32 +8,13 @@ import time
 
 import ray
 from ray import serve
-from ray.exceptions import RayActorError
 
+from pdserve.cluster.replicas import SERVE_NAMESPACE, live_replica_stats, live_replicas
 from pdserve.cluster.serve import APP_NAME
 from pdserve.serving.config import pool_deployment
 
 ROLES = ("prefill", "decode")
-SERVE_NAMESPACE = "serve"  # where Serve's controller and replica actors live
-REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
-STATS_CALL_S = 10.0  # one stats call: a replica busy with a long step answers within it
-# A handle call lands on a random replica: this many calls per replica hear from all of a few
-# (each of 3 missed by 60 calls: p < 1e-10).
-CALLS_PER_REPLICA = 20
 POLL_S = 0.5
-
-
-def live_replicas(deployment: str) -> dict[str, str]:
-    """The deployment's live replica actors: replica id -> actor name. One still starting counts
-    (its actor is up before its engine). From the GCS's named actors, so no dashboard is needed
-    (Ray's state API needs one)."""
-    prefix = f"{REPLICA_ACTOR_PREFIX}{APP_NAME}#{deployment}#"
-    actors = ray.util.list_named_actors(all_namespaces=True)
-    return {
-        actor["name"].removeprefix(prefix): actor["name"]
-        for actor in actors
-        if actor["namespace"] == SERVE_NAMESPACE and actor["name"].startswith(prefix)
-    }
 
 
 def kill_replica(deployment: str, rng: random.Random) -> str | None:
@@ -49,34 +28,11 @@ def kill_replica(deployment: str, rng: random.Random) -> str | None:
     return replica
 
 
-def replica_stats(deployment: str, deadline: float) -> dict[str, dict | None]:
-    """Every live replica's stats, by replica id; a replica that has not answered by
-    ``deadline`` (``time.monotonic()``), e.g. a replacement still loading, has None."""
-    heard: dict[str, dict] = {}
-    live = live_replicas(deployment)
-    if not live:  # no such pool (an aggregated model has no prefill deployment)
-        return {}
-    handle = serve.get_deployment_handle(deployment, app_name=APP_NAME)
-    while True:
-        for _ in range(CALLS_PER_REPLICA * len(live)):
-            if live.keys() <= heard.keys():
-                break
-            try:
-                stats = handle.stats.remote().result(timeout_s=STATS_CALL_S)
-            except (RayActorError, TimeoutError):  # a replica killed or not running yet
-                continue
-            heard[stats["replica"]] = stats
-        if live.keys() <= heard.keys() or time.monotonic() >= deadline:
-            return {replica: heard.get(replica) for replica in live}
-        time.sleep(POLL_S)
-        live = live_replicas(deployment)  # a dead one gone from the list, a replacement in it
-
-
 def pool_stats(model: str, timeout_s: float) -> dict[str, dict[str, dict | None]]:
     """Each of the model's pools' live replicas' stats: deployment -> replica id -> stats."""
     deadline = time.monotonic() + timeout_s
     deployments = [pool_deployment(role, model) for role in ROLES]
-    return {deployment: replica_stats(deployment, deadline) for deployment in deployments}
+    return {deployment: live_replica_stats(deployment, deadline) for deployment in deployments}
 
 
 def settled(pools: dict[str, dict[str, dict | None]], sizes: dict[str, int]) -> bool:

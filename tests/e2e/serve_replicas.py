@@ -4,9 +4,8 @@ them, the tokens a response carries, and each worker replica's stats."""
 import time
 
 import torch
-from ray import serve
 
-from pdserve.cluster.serve import APP_NAME
+from pdserve.cluster import replicas
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 
@@ -32,16 +31,13 @@ def token_ids(tokens: list[str]) -> list[int]:
     return [int(token.removeprefix("token_id:")) for token in tokens]
 
 
-def replica_stats(deployment: str, num_replicas: int) -> dict[str, dict]:
-    """Each replica's stats by replica id; handle calls land on random replicas, so this calls
-    until it has heard from all of them."""
-    handle, seen = serve.get_deployment_handle(deployment, app_name=APP_NAME), {}
-    for _ in range(50 * num_replicas):
-        stats = handle.stats.remote().result()
-        seen[stats["replica"]] = stats
-        if len(seen) == num_replicas:
-            return seen
-    raise AssertionError(f"heard from {len(seen)} of {num_replicas} {deployment} replicas")
+def replica_stats(deployment: str, num_replicas: int, timeout: float = 60.0) -> dict[str, dict]:
+    """Each replica's stats by replica id, once all ``num_replicas`` of them answer."""
+    deadline = time.monotonic() + timeout
+    while len(stats := replicas.replica_stats(deployment)) != num_replicas:
+        assert time.monotonic() < deadline, f"{len(stats)} of {num_replicas} {deployment}"
+        time.sleep(replicas.POLL_S)
+    return stats
 
 
 def wait_all_free(pools: dict[str, int], timeout: float = 60.0) -> dict[str, dict]:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from ray import serve
-from ray.exceptions import RayActorError
 from ray.util.state import list_actors
 
+from pdserve.benchmarks.chaos_replicas import migrations
+from pdserve.cluster.replicas import replica_stats
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.router.grpc_service import pb, pb_grpc
@@ -52,7 +52,6 @@ WAIT_S = 120.0
 CHAOS_ARGS = ["--streams", "4", "--seconds", "15", "--kill-every", "8", "--kill", "decode"]
 CHAOS_ARGS += ["--disconnect-fraction", "0.3", "--input-len", "32", "--output-len", "48"]
 CHAOS_TIMEOUT_S = 300.0
-STATS_CALLS = 24  # handle calls land on random replicas: all of two are heard from (p > 1 - 1e-6)
 POLL_S = 0.05
 
 
@@ -176,14 +175,8 @@ def _wait_for_two_decode_replicas() -> None:
 def _running_by_replica() -> dict[str, int]:
     """Requests running or waiting on each decode replica that answers: a killed one's successor
     may still be starting, and this process's handle may not know yet of one killed just now."""
-    handle, running = serve.get_deployment_handle(DECODE, app_name=APP_NAME), {}
-    for _ in range(STATS_CALLS):
-        try:
-            stats = handle.stats.remote().result()
-        except RayActorError:
-            continue
-        running[stats["replica"]] = stats["num_running"] + stats["num_waiting"]
-    return running
+    stats = replica_stats(DECODE)
+    return {replica: s["num_running"] + s["num_waiting"] for replica, s in stats.items()}
 
 
 def _kill_busiest_decode_replica() -> int:
@@ -193,11 +186,6 @@ def _kill_busiest_decode_replica() -> int:
     assert busiest > 0, (running, _pids(DECODE))
     os.kill(_pids(DECODE)[replica], signal.SIGKILL)
     return busiest
-
-
-def _migrations() -> int:
-    decisions = serve.get_app_handle(APP_NAME).route_decisions.remote().result()[MODEL]
-    return decisions.get("migrated", 0)
 
 
 def test_streams_of_a_killed_decode_replica_finish_elsewhere_with_the_same_tokens(cluster, offline):
@@ -210,7 +198,7 @@ def test_streams_of_a_killed_decode_replica_finish_elsewhere_with_the_same_token
         )
         for i, prompt in enumerate(prompts)
     ]
-    before = _migrations()
+    before = migrations(MODEL)
     for stream in streams:
         stream.start()
     _wait(lambda: all(len(s.tokens) >= TOKENS_BEFORE_KILL for s in streams), "the first tokens")
@@ -220,24 +208,24 @@ def test_streams_of_a_killed_decode_replica_finish_elsewhere_with_the_same_token
         stream.join(WAIT_S)
     assert [s.error for s in streams] == [None] * len(streams)
     assert [s.tokens for s in streams] == expected
-    assert _migrations() - before == moved
+    assert migrations(MODEL) - before == moved
 
 
 def test_a_stream_lost_beyond_the_migration_limit_ends_with_the_in_band_error(cluster):
     _wait_for_two_decode_replicas()
     stream = _http_stream(cluster.http_port, _prompts(seed=1)[0])
-    before = _migrations()
+    before = migrations(MODEL)
     stream.start()
     for kill in range(MIGRATION_LIMIT + 1):
         # Past the last kill's migration, and a few tokens from the replica it moved to.
-        _wait(lambda kill=kill: _migrations() - before == kill, "the migration")
+        _wait(lambda kill=kill: migrations(MODEL) - before == kill, "the migration")
         goal = len(stream.tokens) + TOKENS_BEFORE_KILL
         _wait(lambda goal=goal: len(stream.tokens) >= goal or not stream.is_alive(), "tokens")
         assert stream.is_alive() and len(stream.tokens) < MAX_TOKENS, "it ended before the kill"
         assert _kill_busiest_decode_replica() == 1
     stream.join(WAIT_S)
     assert stream.error is not None and "migration_limit 1" in stream.error, stream.error
-    assert _migrations() - before == MIGRATION_LIMIT
+    assert migrations(MODEL) - before == MIGRATION_LIMIT
 
 
 def test_a_killed_prefill_replica_leaves_its_prompts_to_the_decode_replicas(cluster, offline):
