@@ -3,17 +3,22 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= models/tiny
-# torch comes first and pinned: on this machine 2.13.0 is the CPU build on local disk, while an unpinned
-# torch would pull a multi-GB CUDA build.
+UV := $(VENV)/bin/uv
+# torch comes first and pinned: on this machine 2.13.0 is the CPU build on local disk (WHEELS), while
+# an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+WHEELS ?= /opt/wheels
+# uv installs what pip would, in a tenth of the time (25 s against 3 min here); it reads no pip
+# config, so the local wheels are named to it.
+UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 
 .PHONY: setup test test-fast test-deps lint serve demo model clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q uv
+	$(UV_INSTALL) "$(TORCH_SPEC)"
+	$(UV_INSTALL) -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed
