@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q uv
 	$(UV_INSTALL) "$(TORCH_SPEC)"
 	$(UV_INSTALL) -e '.[dev]'
+	$(VENV)/bin/pdserve build-kernels
 	touch $@
 
 setup: $(VENV)/.installed

@@ -4,6 +4,8 @@ A decode step reads every weight it uses once (all but the embedding table, of w
 row), so ``weight bytes / memory bandwidth`` bounds its time from below at small batch. The
 bandwidth is measured in the same run by a large tensor copy. To show how far PyTorch's own
 matrix-vector kernels allow, the matmuls alone are timed too: one row through every linear layer.
+Where the native CPU kernels are built (``kernels/native.py``), our step is timed with them and
+with the PyTorch kernels in their place. ``--profile`` lists the ops a step spends its time in.
 """
 
 import argparse
@@ -19,6 +21,7 @@ from pdserve.engine.linear import Linear
 from pdserve.engine.llm import LLM
 from pdserve.engine.model import LlamaForCausalLM
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kernels import native
 
 COPY_BYTES = 1 << 30
 PROMPT_LEN = 128
@@ -32,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="list a step's top N ops"
+    )
 
 
 def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
@@ -82,6 +88,34 @@ def matmul_seconds(model: LlamaForCausalLM, steps: int) -> tuple[float, float]:
 
 def ours_step_seconds(llm: LLM, batch: int, steps: int) -> float:
     """Median wall time of one engine step (schedule + model + sample) with ``batch`` decodes."""
+    return statistics.median(_ours_steps(llm, batch, steps, lambda step: _timed(step)))
+
+
+def _timed(step: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def step_profile(llm: LLM, batch: int, steps: int, top: int) -> list[tuple[str, float, float]]:
+    """The ``top`` ops by self CPU time over ``steps`` decode steps of ``batch``: (name, ms per
+    step, share of the steps' wall time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall = sum(_ours_steps(llm, batch, steps, _timed))
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [
+        (e.key, e.self_cpu_time_total / 1e3 / steps, e.self_cpu_time_total / 1e6 / wall)
+        for e in events[:top]
+    ]
+
+
+def _ours_steps(
+    llm: LLM, batch: int, steps: int, measure: Callable[[Callable[[], object]], float]
+) -> list[float]:
+    """``measure(engine.step)`` of each of ``steps`` decode steps of ``batch`` sequences, after
+    their prefill and a warm-up."""
     engine = llm.engine
     vocab = engine.model_config.vocab_size
     g = torch.Generator().manual_seed(batch)
@@ -90,15 +124,12 @@ def ours_step_seconds(llm: LLM, batch: int, steps: int) -> float:
         prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist()
         engine.add_request(f"bench-{batch}-{i}", prompt, params)
     engine.step()  # the prefill of every prompt
-    times = []
-    for i in range(steps + WARMUP_STEPS):
-        start = time.perf_counter()
+    for _ in range(WARMUP_STEPS):
         engine.step()
-        if i >= WARMUP_STEPS:
-            times.append(time.perf_counter() - start)
+    times = [measure(engine.step) for _ in range(steps)]
     while engine.has_unfinished_requests():
         engine.step()
-    return statistics.median(times)
+    return times
 
 
 @torch.inference_mode()
@@ -152,13 +183,26 @@ def run(args: argparse.Namespace) -> int:
             f"{weight_bytes / seconds / 1e9:.1f} GB/s = {bound / seconds:.0%} of bound"
         )
     print()
-    print("| batch | ours ms/step | of bound | transformers ms/step | of bound | ours / HF speed |")
-    print("|---|---|---|---|---|---|")
+    has_native = native.available()
+    columns = ["batch", "ours ms/step", "of bound", "transformers ms/step", "of bound"]
+    columns += ["ours / HF speed"] + (
+        ["ours, PyTorch kernels ms/step", "native speed-up"] if has_native else []
+    )
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for batch in args.batch_sizes:
         ours = ours_step_seconds(llm, batch, args.steps)
         theirs = hf_step_seconds(hf, batch, args.steps, vocab)
-        print(
-            f"| {batch} | {ours * 1e3:.1f} | {bound / ours:.0%} | {theirs * 1e3:.1f} | "
-            f"{bound / theirs:.0%} | {theirs / ours:.2f}x |"
-        )
+        row = [f"{batch}", f"{ours * 1e3:.1f}", f"{bound / ours:.0%}", f"{theirs * 1e3:.1f}"]
+        row += [f"{bound / theirs:.0%}", f"{theirs / ours:.2f}x"]
+        if has_native:
+            with native.disabled():
+                plain = ours_step_seconds(llm, batch, args.steps)
+            row += [f"{plain * 1e3:.1f}", f"{plain / ours:.2f}x"]
+        print("| " + " | ".join(row) + " |")
+    for batch in args.batch_sizes if args.profile else []:
+        print(f"\nours at batch {batch}, top {args.profile} ops by self CPU time:")
+        print("| op | ms/step | of the step |\n|---|---|---|")
+        for name, ms, share in step_profile(llm, batch, args.steps, args.profile):
+            print(f"| {name} | {ms:.2f} | {share:.0%} |")
     return 0

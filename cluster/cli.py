@@ -18,6 +18,10 @@ SUBCOMMANDS = {
     "generate": ("pdserve.cluster.generate", "generate offline with the engine (no cluster)"),
     "bench": ("pdserve.benchmarks.cli", "run a benchmark against a baseline from the same run"),
     "serve": ("pdserve.cluster.serve", "serve models on Ray until Ctrl-C"),
+    "build-kernels": (
+        "pdserve.cluster.build_kernels",
+        "compile the native CPU kernels for this CPU",
+    ),
     "profile": (
         "pdserve.cluster.planner.profiler",
         "measure a replica's prefill and decode times for the planner",

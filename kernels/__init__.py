@@ -1,8 +1,9 @@
 """Attention ops over the paged KV cache: the one dispatch point the model calls.
 
-CUDA tensors go to the Triton kernels, everything else to the PyTorch implementation. The Triton
-module is imported only when the first CUDA tensor arrives, so CPU processes never import triton
-(and tests can set TRITON_INTERPRET=1 before it is).
+CUDA tensors go to the Triton kernels. On the CPU, writing K/V and decode attention go to the native
+kernels where they are built (``native.py``), everything else to the PyTorch implementation, the
+reference both are tested against. The Triton module is imported only when the first CUDA tensor
+arrives, so CPU processes never import triton (and tests can set TRITON_INTERPRET=1 before it is).
 
 Shapes: kv_cache is one layer's view of the block-major cache, [num_blocks, 2, block_size, Hkv, D]
 (index 0 of dim 1 = key, 1 = value; slot s = block s // block_size, row s % block_size). Query heads
@@ -13,22 +14,22 @@ from types import ModuleType
 
 from torch import Tensor
 
-from pdserve.kernels import torch_attention
+from pdserve.kernels import native, torch_attention
 
 __all__ = ["decode_attention", "prefill_attention", "write_kv"]
 
 
-def _backend(tensor: Tensor) -> ModuleType:
+def _backend(tensor: Tensor, has_native: bool = False) -> ModuleType:
     if tensor.is_cuda:
         from pdserve.kernels import triton_attention
 
         return triton_attention
-    return torch_attention
+    return native if has_native and native.available() else torch_attention
 
 
 def write_kv(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
     """Write new keys/values [T, Hkv, D] into the cache at slot_mapping [T] (int64, < 0 = skip)."""
-    _backend(kv_cache).write_kv(key, value, kv_cache, slot_mapping)
+    _backend(kv_cache, has_native=True).write_kv(key, value, kv_cache, slot_mapping)
 
 
 def prefill_attention(
@@ -59,4 +60,6 @@ def decode_attention(
 
     block_tables: [B, max_blocks] int32; seq_lens: [B] int32. Returns [B, Hq, D] in query's dtype.
     """
-    return _backend(query).decode_attention(query, kv_cache, block_tables, seq_lens, scale)
+    return _backend(query, has_native=True).decode_attention(
+        query, kv_cache, block_tables, seq_lens, scale
+    )

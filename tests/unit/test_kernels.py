@@ -1,5 +1,6 @@
-"""Paged-attention ops: the PyTorch path against a dense reference, the Triton kernels (run on CPU
-by Triton's interpreter) against the PyTorch path, and the dispatch point."""
+"""Paged-attention ops: the PyTorch path against a dense reference, the native CPU kernels and the
+Triton kernels (run on CPU by Triton's interpreter) against the PyTorch path, and the dispatch
+point."""
 
 import os
 
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 import pdserve.kernels as kernels
-from pdserve.kernels import torch_attention
+from pdserve.kernels import native, torch_attention
 
 # The cache under test is one layer's view of a multi-layer block-major cache: not contiguous.
 NUM_LAYERS, LAYER = 3, 1
@@ -213,6 +214,73 @@ def test_cpu_dispatch_never_imports_triton():
 def test_dispatch_sends_cpu_tensors_to_torch():
     batch = make_batch(16, 2, 2, 64, [(20, 12)])
     assert torch.equal(prefill(kernels, batch), prefill(torch_attention, batch))
+
+
+# The native CPU kernels, against the PyTorch path.
+
+
+@pytest.fixture(scope="module")
+def native_ops() -> ModuleType:
+    """The native kernels, built here if the set-up step has not (skipped with no compiler)."""
+    if not native.library_path(native.cpu_capability()).exists():
+        try:
+            native.build()
+        except RuntimeError as error:
+            pytest.skip(str(error))
+        native.load.cache_clear()
+    assert native.load()
+    if not native.available():
+        pytest.skip(f"{native.DISABLE_ENV}=0")
+    return native
+
+
+NATIVE_CASES = [
+    *TORCH_CASES,
+    (16, 2, 1, 64, [(0, 1), (15, 1), (16, 1), (500, 1)]),  # one token, a block's end, the next
+    (32, 1, 8, 96, [(77, 1), (3, 1)]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", NATIVE_CASES)
+def test_native_decode_matches_torch(native_ops, case, dtype):
+    block_size, num_kv_heads, group, head_dim, seqs = case
+    seqs = [(prefix + new - 1, 1) for prefix, new in seqs]  # decode: one new token each
+    batch = make_batch(block_size, num_kv_heads, group, head_dim, seqs, dtype=dtype)
+    query = decode_query(batch)
+    out = decode(native_ops, batch, query)
+    assert out.dtype == dtype and out.shape == query.shape
+    atol = FP32_ATOL if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, decode(torch_attention, batch, query), atol=atol, rtol=0)
+
+
+def test_native_decode_reads_a_strided_query(native_ops):
+    # The model hands over the query heads as a view of the fused qkv projection.
+    batch = make_batch(16, 2, 2, 64, [(40, 1), (130, 1)])
+    qkv = torch.randn(2, 3 * 4 * 64, generator=torch.Generator().manual_seed(5))
+    query = qkv[:, : 4 * 64].view(2, 4, 64)
+    assert not query.is_contiguous()
+    expected = decode(torch_attention, batch, query.contiguous())
+    torch.testing.assert_close(decode(native_ops, batch, query), expected, atol=FP32_ATOL, rtol=0)
+
+
+def test_native_write_kv_scatters_slots_and_skips_padding(native_ops):
+    full, expected = _written_cache(native_ops, seed=2)
+    assert torch.equal(full, expected)
+
+
+def test_dispatch_sends_cpu_decodes_to_the_native_kernels_unless_disabled(native_ops, monkeypatch):
+    batch = make_batch(16, 2, 2, 64, [(20, 1), (7, 1)])
+    query = decode_query(batch)
+    calls = []
+    monkeypatch.setattr(native_ops, "decode_attention", lambda *a: calls.append(a) or a[0])
+    decode(kernels, batch, query)
+    assert len(calls) == 1
+    with native_ops.disabled():
+        decode(kernels, batch, query)
+    assert len(calls) == 1
+    decode(kernels, batch, query)
+    assert len(calls) == 2
 
 
 # Triton kernels under the interpreter, against the PyTorch path.

@@ -1,0 +1,112 @@
+"""The native CPU kernels (``kernels/cpu/*.cpp``): built once by the set-up step, loaded if built.
+
+``pdserve build-kernels`` (``make setup`` runs it) compiles them through torch's extension tools
+for the instruction set this CPU has, as torch names it (``torch.backends.cpu.
+get_cpu_capability()``: AVX512, AVX2, ...), into a folder of that name. A process loads the build
+for its own CPU, or none: without a compiler, a build, or on another CPU, the PyTorch ops
+(``torch_attention.py``) serve, and ``PDSERVE_NATIVE_KERNELS=0`` chooses them. Nothing is
+compiled at run time.
+"""
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).parent / "cpu" / "paged_attention.cpp"]
+DISABLE_ENV = "PDSERVE_NATIVE_KERNELS"
+NAME = "pdserve_cpu_kernels"
+# -march levels by torch's CPU capability: the instructions the compiler may use.
+ARCH_FLAGS = {"AVX512": ["-march=x86-64-v4"], "AVX2": ["-march=x86-64-v3"]}
+CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
+
+
+def cpu_capability() -> str:
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def build_dir(capability: str) -> Path:
+    """Where the build for ``capability`` lives: beside the sources, one per torch version."""
+    return Path(__file__).parent / "cpu" / "build" / f"{capability}-torch{torch.__version__}"
+
+
+def library_path(capability: str) -> Path:
+    return build_dir(capability) / f"{NAME}.so"
+
+
+def build() -> Path:
+    """Compiles the kernels for this CPU; the library's path. Raises if there is no compiler."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler ({compiler}): the PyTorch kernels will serve")
+    capability = cpu_capability()
+    folder = build_dir(capability)
+    folder.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(
+        name=NAME,
+        sources=[str(source) for source in SOURCES],
+        extra_cflags=CFLAGS + ARCH_FLAGS.get(capability, []),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        is_python_module=False,
+        verbose=False,
+    )
+    return library_path(capability)
+
+
+@functools.cache
+def load() -> bool:
+    """Loads the build for this CPU into the process, once; whether it is loaded."""
+    path = library_path(cpu_capability())
+    if not path.exists():
+        logger.info("no native CPU kernels at %s: `pdserve build-kernels` builds them", path)
+        return False
+    torch.ops.load_library(str(path))
+    return True
+
+
+_enabled = os.environ.get(DISABLE_ENV, "1") != "0"
+
+
+def available() -> bool:
+    """Whether the native kernels serve in this process (loading them on the first call)."""
+    return _enabled and load()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The PyTorch kernels serve within: a benchmark's baseline in the same process."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def write_kv(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """``torch_attention.write_kv`` in one pass (slot_mapping: int64, < 0 = skip)."""
+    dtype = kv_cache.dtype
+    torch.ops.pdserve.write_kv(key.to(dtype), value.to(dtype), kv_cache, slot_mapping)
+
+
+def decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``torch_attention.decode_attention`` reading the blocks in place."""
+    return torch.ops.pdserve.decode_attention(query, kv_cache, block_tables, seq_lens, scale)
