@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         f"model {args.model} ({weight_bytes / 1e6:.0f} MB of weights read per step, {args.dtype}), "
         f"{args.threads} threads, prompt {PROMPT_LEN} tokens, median of {args.steps} steps"
     )
+    print(f"CPU: {native.describe_cpu()}")
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step")
     packed = model.lm_head.packed_weight is not None
     for name, seconds in (

@@ -5,7 +5,8 @@ transformers, and its mean time counts. transformers pads every static batch to 
 prompt and decodes every row to its longest output, so the slots past a row's own length are
 waste; continuous batching admits and retires requests per step instead. The workload's FLOPs
 over a matmul throughput measured in the same run give a compute bound, and the scheduler is
-timed alone (no model) with 256 running requests. The workload is in ``workload.py``, the
+timed alone (no model) with 256 running requests. Where the native CPU kernels are built, ours
+runs once more with the PyTorch kernels in their place. The workload is in ``workload.py``, the
 scheduler timing in ``scheduler_step.py``.
 """
 
@@ -29,6 +30,7 @@ from pdserve.benchmarks.workload import (
 )
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kernels import native
 
 HF_BATCH_SIZE = 16
 MATMUL_SIZE = 2048  # [n, n] x [n, n] fp32: large enough for MKL's peak, ~0.15 s on 2 cores
@@ -150,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
         raise RuntimeError("the engine still holds KV blocks after its run")
     ours_after = run_ours(llm, workload).seconds
     ours_s = (ours_before + ours_after) / 2
+    plain_s = None
+    if native.available():
+        llm.reset_prefix_cache()
+        with native.disabled():
+            plain_s = run_ours(llm, workload).seconds
     useful = useful_tokens(workload)
     if theirs.useful_tokens != useful:
         raise RuntimeError(f"transformers made {theirs.useful_tokens} useful tokens, not {useful}")
@@ -161,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompts, outputs = [len(w.prompt) for w in workload], [w.output_len for w in workload]
     print(f"model {args.model} (fp32), {args.threads} threads, seed {args.seed}")
+    print(f"CPU: {native.describe_cpu()}")
     print(
         f"{len(workload)} requests; prompts uniform in {list(shape.prompt_len)}: {_stats(prompts)}"
     )
@@ -183,6 +191,11 @@ def run(args: argparse.Namespace) -> int:
         ("ours, fraction of the bound", f"{ours / bound:.1%}"),
         (f"scheduler ms/step, {SCHEDULER_RUNNING} running", f"{sched_s * 1e3:.3f}"),
     ]
+    if plain_s is not None:
+        rows += [
+            ("useful tok/s, ours with the PyTorch kernels", f"{useful / plain_s:.0f}"),
+            ("native kernels' speed-up", f"{plain_s / ours_s:.2f}x"),
+        ]
     print("| metric | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")

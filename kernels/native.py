@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import os
+import platform
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,23 @@ CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
 
 def cpu_capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as benchmarks print it beside their figures."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_cpu() -> str:
+    """The CPU and the kernels that serve on it, for a benchmark's header."""
+    kernels = "native" if available() else "PyTorch"
+    return f"{cpu_name()}, {cpu_capability()}, {kernels} CPU kernels"
 
 
 def build_dir(capability: str) -> Path:

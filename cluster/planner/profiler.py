@@ -13,7 +13,6 @@ curves beside it.
 
 import argparse
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from pdserve.cluster.plotting import pyplot
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kernels import native
 
 PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024, 2048)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -120,22 +120,12 @@ def profile_model(args: argparse.Namespace) -> Profile:
             decode.append(DecodePoint(batch, context, seconds))
             bar.update()
     meta = {
-        "cpu": _cpu_name(),
+        "cpu": native.cpu_name(),
         "threads": args.threads,
         "dtype": args.dtype,
         "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     return Profile(args.model.name, tuple(prefill), tuple(decode), meta)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def plot(profile: Profile, path: Path) -> bool:
