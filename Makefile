@@ -40,7 +40,7 @@ test-deps:
 # run in the Ray tests' waits. The Ray run reports as it goes, the other when both are done.
 test: lint test-deps
 	@rest_log=$$(mktemp); \
-	$(PY) -m pytest -q -m "not ray" tests > $$rest_log 2>&1 & rest=$$!; \
+	$(PY) -m pytest -q -m "not ray" --durations=12 tests > $$rest_log 2>&1 & rest=$$!; \
 	$(PY) -m pytest -q -m ray --durations=12 tests; ray_status=$$?; \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
