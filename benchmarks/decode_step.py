@@ -88,13 +88,7 @@ def matmul_seconds(model: LlamaForCausalLM, steps: int) -> tuple[float, float]:
 
 def ours_step_seconds(llm: LLM, batch: int, steps: int) -> float:
     """Median wall time of one engine step (schedule + model + sample) with ``batch`` decodes."""
-    return statistics.median(_ours_steps(llm, batch, steps, lambda step: _timed(step)))
-
-
-def _timed(step: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
+    return statistics.median(_step_times(llm, batch, steps))
 
 
 def step_profile(llm: LLM, batch: int, steps: int, top: int) -> list[tuple[str, float, float]]:
@@ -103,7 +97,7 @@ def step_profile(llm: LLM, batch: int, steps: int, top: int) -> list[tuple[str, 
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        wall = sum(_ours_steps(llm, batch, steps, _timed))
+        wall = sum(_step_times(llm, batch, steps))
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     return [
         (e.key, e.self_cpu_time_total / 1e3 / steps, e.self_cpu_time_total / 1e6 / wall)
@@ -111,11 +105,9 @@ def step_profile(llm: LLM, batch: int, steps: int, top: int) -> list[tuple[str, 
     ]
 
 
-def _ours_steps(
-    llm: LLM, batch: int, steps: int, measure: Callable[[Callable[[], object]], float]
-) -> list[float]:
-    """``measure(engine.step)`` of each of ``steps`` decode steps of ``batch`` sequences, after
-    their prefill and a warm-up."""
+def _step_times(llm: LLM, batch: int, steps: int) -> list[float]:
+    """Wall time of each of ``steps`` decode steps of ``batch`` sequences, after their prefill
+    and a warm-up."""
     engine = llm.engine
     vocab = engine.model_config.vocab_size
     g = torch.Generator().manual_seed(batch)
@@ -126,7 +118,11 @@ def _ours_steps(
     engine.step()  # the prefill of every prompt
     for _ in range(WARMUP_STEPS):
         engine.step()
-    times = [measure(engine.step) for _ in range(steps)]
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
     while engine.has_unfinished_requests():
         engine.step()
     return times

@@ -120,6 +120,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="16 short requests, for tests")
 
 
+def _cold(llm: LLM) -> LLM:
+    """``llm`` with an empty prefix cache, for a run that must not reuse the last one's blocks."""
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("the engine still holds KV blocks after its run")
+    return llm
+
+
 def _stats(values: list[int]) -> str:
     mean, median = statistics.mean(values), statistics.median(values)
     return f"mean {mean:.0f}, median {median:.0f}, max {max(values)}"
@@ -148,15 +155,12 @@ def run(args: argparse.Namespace) -> int:
     # takes the mean: this VM's speed drifts by tens of percent within a minute.
     ours_before = run_ours(llm, workload).seconds
     theirs = run_hf(hf, workload, args.hf_batch_size, pad_id)
-    if not llm.reset_prefix_cache():
-        raise RuntimeError("the engine still holds KV blocks after its run")
-    ours_after = run_ours(llm, workload).seconds
+    ours_after = run_ours(_cold(llm), workload).seconds
     ours_s = (ours_before + ours_after) / 2
     plain_s = None
     if native.available():
-        llm.reset_prefix_cache()
         with native.disabled():
-            plain_s = run_ours(llm, workload).seconds
+            plain_s = run_ours(_cold(llm), workload).seconds
     useful = useful_tokens(workload)
     if theirs.useful_tokens != useful:
         raise RuntimeError(f"transformers made {theirs.useful_tokens} useful tokens, not {useful}")
