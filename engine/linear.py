@@ -37,7 +37,7 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        # empty_like (module.to_empty) and .to(dtype) keep these strides.
+        # .to(dtype) keeps these strides.
         self.weight = nn.Parameter(torch.empty(in_features, out_features).t())
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: torch.Tensor | None = None  # oneDNN's opaque layout, once packed

@@ -44,10 +44,11 @@ def load_model(
     (and packs the linear weights for oneDNN where that is faster, see ``onednn_packing_helps``)."""
     path = Path(path)
     files = checkpoint_files(path)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config, dtype, device)
-    model = model.to_empty(device=device).to(dtype)
-    model.tie_weights()  # to_empty materialises each module separately, which unties them
+    # Built on the device from uninitialised tensors (no module here initialises at random), not on
+    # "meta": materialising meta tensors imports torch's symbolic-shape machinery, seconds of a
+    # replica's start.
+    with torch.device(device):
+        model = LlamaForCausalLM(config, dtype, device).to(dtype)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     total_bytes = sum(f.stat().st_size for f in files)

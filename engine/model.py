@@ -96,7 +96,10 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.rope = RotaryEmbedding(config, dtype, device)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given an uninitialised weight, as every module here: nn.Embedding's own random init is
+        # wasted on values the checkpoint replaces.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
