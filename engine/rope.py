@@ -35,12 +35,12 @@ def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 class RotaryEmbedding:
     """Holds cos/sin for every position up to the model's limit.
 
-    A plain object rather than a module with buffers: the model is built on the meta device and
-    materialised empty before loading, and these tables must survive that as real values.
+    A plain object rather than a module with buffers: the tables are computed, not loaded, and
+    nothing the loader does to the weights applies to them.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
-        with torch.device("cpu"):  # real values even while the model is built on the meta device
+        with torch.device("cpu"):  # whatever device the loader builds the model under
             inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
             positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
             freqs = torch.outer(positions, inv_freq)  # [max_pos, head_dim // 2]
