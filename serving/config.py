@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from pdserve.engine.config import EngineConfig
 
@@ -48,6 +56,9 @@ class PoolConfig(_Strict):
 
     replicas: int = Field(1, ge=0)
     num_cpus: float = Field(0.0, ge=0)  # a replica's engine thread shares the node's cores
+    # Cores the replicas are pinned to, the replica of rank r to cpus[r % len(cpus)] (Linux): a
+    # replica then computes on its own core, as in a comparison at equal cores. Empty: unpinned.
+    cpus: list[NonNegativeInt] = []
     # Serve's cap on calls in flight to one replica (its own default, 5, would starve the engine's
     # continuous batching); past it, requests wait in Serve's queue rather than the engine's.
     max_ongoing_requests: int = Field(DEFAULT_MAX_ONGOING_REQUESTS, ge=1)

@@ -1,5 +1,6 @@
 """A worker replica's engine and KV connector, built and reported the same way in both pools."""
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -59,6 +60,13 @@ def resident_set_bytes() -> int | None:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def pin_process(core: int) -> None:
+    """Pins every thread of this process, and those it starts later, to ``core`` (Linux)."""
+    for thread_id in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(thread_id), {core})
+
+
 def replica_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
     """A replica's state for routing and tests: engine stats, transfer counters, its id, its
     process's resident memory (``pdserve bench chaos`` watches it across kills)."""
@@ -89,6 +97,9 @@ class EngineReplica:
 
     def __init__(self, served: dict) -> None:
         self.served = ServedModel.model_validate(served)
+        cores = getattr(self.served, self.pool).cpus
+        if cores:
+            pin_process(cores[serve.get_replica_context().rank.rank % len(cores)])
         self.engine, self.connector = start_engine(self.served)
         if not self.served.metrics:  # nothing counted, nothing to report
             return

@@ -39,6 +39,7 @@ def test_engine_section_builds_the_engine_config() -> None:
     [
         ([_model(engine={"num_kv_block": 64})], "unknown engine args: num_kv_block"),
         ([_model(prefill={"replicas": -1})], "replicas"),
+        ([_model(decode={"cpus": [0, -1]})], "cpus"),
         ([_model(routing={"policy": "random"})], "policy"),
         ([_model(kv_transfer={"backend": "tcp"})], "backend"),
         ([_model(), _model()], "model names must be unique"),
