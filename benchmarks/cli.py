@@ -15,7 +15,7 @@ SUBCOMMANDS = {
     ),
     "kv-transfer": (
         "pdserve.benchmarks.kv_transfer",
-        "KV transfer between two Ray actors: NIXL pull and push, the object store, a copy",
+        "KV transfer between two Ray actors: NIXL pull, the object store, a copy",
     ),
     "ramp": (
         "pdserve.benchmarks.ramp",

@@ -1,11 +1,11 @@
-"""KV transfer between two Ray actors: NIXL pull and push, the object store, an in-process copy.
+"""KV transfer between two Ray actors: NIXL pull, the object store, an in-process copy.
 
 The owner's cache holds a prompt's blocks at ids 0..n-1; the reader takes them into n ids drawn
 at random (seeded) from a cache twice that size, as a busy decode pool would hand them out. Each
 mode is warmed up (the first NIXL transfer sets up UCX's connection) and checked once for
 bit-identical blocks; then the modes are timed in turn, so a busy neighbour slows all of them
-alike. "Transfer" is the time in the connector calls, measured inside the actors (export + pull,
-or push + receive_push); "end to end" adds Ray's calls between them, measured from the driver.
+alike. "Transfer" is the time in the connector calls, measured inside the actors (export + pull);
+"end to end" adds Ray's calls between them, measured from the driver.
 The baseline copies the same blocks between two caches in this process, one ``copy_`` per block.
 """
 
@@ -31,11 +31,7 @@ TIMEOUT_SECONDS = 60.0  # per transfer: the object store moving hundreds of MB o
 COPY = "copy, per block"
 INDEXED_COPY = "copy, dst[ids] = src[ids]"
 FALLBACK = "object store pull"
-TRANSFERS = {  # mode -> (backend, direction)
-    "NIXL pull": ("nixl", "pull"),
-    "NIXL push": ("nixl", "push"),
-    FALLBACK: ("object_store", "pull"),
-}
+TRANSFERS = {"NIXL pull": "nixl", FALLBACK: "object_store"}  # mode -> backend
 AIM_OF_COPY = 0.5  # issue 4: NIXL at >= 50% of the copy's bandwidth ...
 AIM_OVER_FALLBACK = 5.0  # ... and >= 5x the fallback's
 
@@ -158,7 +154,7 @@ def print_table(sizes: dict[int, list[ModeResult]], block_size: int) -> None:
                 f"| {statistics.median(t.end_to_end for t in r.timed) * 1e3:.1f} "
                 f"| {'yes' if r.identical else 'NO'} |"
             )
-        for mode in (name for name, (backend, _) in TRANSFERS.items() if backend == "nixl"):
+        for mode in (name for name, backend in TRANSFERS.items() if backend == "nixl"):
             of_copy, over = by_mode[mode].bandwidth / copy, by_mode[mode].bandwidth / fallback
             aims.append(
                 f"{mode}, {tokens} tokens: {of_copy:.0%} of the copy (aim >= {AIM_OF_COPY:.0%}: "

@@ -9,7 +9,6 @@ the driver's functions below time a transfer that way and end to end, Ray's call
 import argparse
 import hashlib
 import time
-import uuid
 from collections.abc import Callable
 from functools import partial
 
@@ -21,7 +20,7 @@ from pdserve.benchmarks.kv_transfer import TRANSFERS, Mode, Timed
 from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.kv_cache import allocate_kv_cache
 from pdserve.kvtransfer.factory import make_connector
-from pdserve.kvtransfer.handles import KVExport, PeerInfo, PushReceipt, PushTarget
+from pdserve.kvtransfer.handles import KVExport, PeerInfo
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.transfer import Transfer
 
@@ -35,7 +34,7 @@ def _keep_blocks(block_ids: list[int]) -> None:
     """No block pool here: freed blocks stay where they are for the next repetition."""
 
 
-def _timed_wait(start: Callable[[], Transfer]) -> tuple[Transfer, Calls]:
+def _timed_wait(start: Callable[[], Transfer]) -> Calls:
     """Starts a transfer and polls it to the end, as ``Transfer.wait`` does, timing each call."""
     began = time.perf_counter()
     transfer = start()
@@ -45,7 +44,7 @@ def _timed_wait(start: Callable[[], Transfer]) -> tuple[Transfer, Calls]:
         done = transfer.poll()
         longest = max(longest, time.perf_counter() - call)
         if done:
-            return transfer, (time.perf_counter() - began, longest)
+            return time.perf_counter() - began, longest
         time.sleep(POLL_INTERVAL)
 
 
@@ -80,28 +79,7 @@ class BenchPeer:
         return export, time.perf_counter() - start
 
     def pull(self, backend: str, export: KVExport, block_ids: list[int]) -> Calls:
-        _, calls = _timed_wait(lambda: self.connectors[backend].pull(export, block_ids))
-        return calls
-
-    def push_target(self, backend: str, block_ids: list[int], transfer_id: str) -> PushTarget:
-        return self.connectors[backend].push_target(block_ids, transfer_id)
-
-    def push(
-        self, backend: str, target: PushTarget, block_ids: list[int]
-    ) -> tuple[PushReceipt, Calls]:
-        receipts = []
-
-        def start() -> Transfer:
-            transfer, receipt = self.connectors[backend].push(target, block_ids)
-            receipts.append(receipt)
-            return transfer
-
-        _, calls = _timed_wait(start)
-        return receipts[0], calls
-
-    def receive_push(self, backend: str, target: PushTarget, receipt: PushReceipt) -> Calls:
-        _, calls = _timed_wait(lambda: self.connectors[backend].receive_push(target, receipt))
-        return calls
+        return _timed_wait(lambda: self.connectors[backend].pull(export, block_ids))
 
     def clear(self, block_ids: list[int]) -> None:
         self.kv_cache[torch.tensor(block_ids)] = 0
@@ -146,21 +124,6 @@ def pull_once(
     return Timed(export_s + pull_s, max(export_s, longest), time.perf_counter() - start)
 
 
-def push_once(
-    owner: ActorHandle, reader: ActorHandle, backend: str, src: list[int], dst: list[int]
-) -> Timed:
-    # A reader reserves its blocks before the owner is done, so this is outside the timing.
-    target = ray.get(reader.push_target.remote(backend, dst, f"bench-{uuid.uuid4().hex}"))
-    start = time.perf_counter()
-    receipt, (push_s, push_longest) = ray.get(owner.push.remote(backend, target, src))
-    receive_s, receive_longest = ray.get(reader.receive_push.remote(backend, target, receipt))
-    longest = max(push_longest, receive_longest)
-    return Timed(push_s + receive_s, longest, time.perf_counter() - start)
-
-
-ONCE = {"pull": pull_once, "push": push_once}  # direction -> one timed transfer
-
-
 def transfer_modes(
     owner: ActorHandle, reader: ActorHandle, src: list[int], dst: list[int]
 ) -> list[Mode]:
@@ -173,6 +136,6 @@ def transfer_modes(
         return ray.get(owner.digest.remote(src)) == ray.get(reader.digest.remote(dst))
 
     return [
-        Mode(name, partial(ONCE[direction], owner, reader, backend, src, dst), clear, landed)
-        for name, (backend, direction) in TRANSFERS.items()
+        Mode(name, partial(pull_once, owner, reader, backend, src, dst), clear, landed)
+        for name, backend in TRANSFERS.items()
     ]

@@ -3,10 +3,13 @@
 An owner (prefill role) ``export``s finished blocks under a lease and calls ``poll`` from its loop,
 which frees blocks whose reader said it is done or whose lease ran out. A reader (decode role)
 ``add_peer``s the owner's ``PeerInfo`` once, then ``pull``s an export into its own block ids.
-With push, the reader hands out a ``push_target`` of blocks it reserved, the owner ``push``es into
-them, and the reader's ``receive_push`` completes when the bytes have landed. Every transfer is a
-``Transfer`` to poll; no call blocks for long (NIXL copies a chunk per poll). A connector is
-not thread-safe: call it from one thread.
+Every transfer is a ``Transfer`` to poll; no call blocks for long (NIXL copies a chunk per poll).
+A connector is not thread-safe: call it from one thread.
+
+Pull is the only direction (issue 16 kept one of push and pull): the first token reaches the
+client when the prefill returns, so the pull is off the TTFT path; both moved KV at the same rate
+over UCX's cma; and a push needs the decode replica chosen, its blocks reserved, before the
+prefill starts.
 """
 
 import collections
@@ -23,8 +26,6 @@ from pdserve.kvtransfer.handles import (
     KVExport,
     KVTransferError,
     PeerInfo,
-    PushReceipt,
-    PushTarget,
 )
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.leases import LeaseTable
@@ -120,14 +121,6 @@ class KVConnector(ABC):
         which it frees without caching them."""
         self._dropped.append(lease_id)
 
-    @abstractmethod
-    def push(self, target: PushTarget, block_ids: list[int]) -> tuple[Transfer, PushReceipt]:
-        """Writes our blocks into the reader's reserved ones, then frees ours.
-
-        The caller passes the receipt on to the reader, whose ``receive_push`` completes when the
-        bytes have landed.
-        """
-
     # -- reader -----------------------------------------------------------------------------
 
     def pull(self, export: KVExport, block_ids: list[int], skip: int = 0) -> Transfer:
@@ -151,14 +144,6 @@ class KVConnector(ABC):
     def release(self, export: KVExport) -> None:
         """Tells the owner its exported blocks are no longer needed (without reading them)."""
 
-    def push_target(self, block_ids: list[int], transfer_id: str) -> PushTarget:
-        """Names reserved blocks for an owner to push into."""
-        return PushTarget(self.peer_info(), tuple(block_ids), transfer_id)
-
-    @abstractmethod
-    def receive_push(self, target: PushTarget, receipt: PushReceipt) -> Transfer:
-        """Completes when the owner's push into ``target`` has landed."""
-
     # -- backends ---------------------------------------------------------------------------
 
     @abstractmethod
@@ -171,7 +156,7 @@ class KVConnector(ABC):
 
     @abstractmethod
     def _handle_notifications(self) -> None:
-        """Acts on what peers told the owner: blocks read (release their lease), pushes landed."""
+        """Acts on what peers told the owner: blocks read (release their lease)."""
 
     def _transfer(
         self,

@@ -38,21 +38,3 @@ class KVExport:
     lease_id: str
     expires_at: float
     payload: Any = None  # object-store backend: the ObjectRef of the blocks' contents
-
-
-@dataclass(frozen=True)
-class PushTarget:
-    """Blocks a reader reserved for an owner to write into, named by ``transfer_id``."""
-
-    reader: PeerInfo
-    block_ids: tuple[int, ...]
-    transfer_id: str
-
-
-@dataclass(frozen=True)
-class PushReceipt:
-    """What the owner's ``push`` hands back, for the caller to pass on to the reader."""
-
-    owner: str
-    transfer_id: str
-    payload: Any = None  # object-store backend: the ObjectRef of the blocks' contents

@@ -1,11 +1,11 @@
-"""KV transfer over NIXL with its UCX backend: one-sided READ (pull) or WRITE (push) of blocks.
+"""KV transfer over NIXL with its UCX backend: the reader pulls blocks with one-sided READs.
 
 The whole cache is registered once; each block is one descriptor (the layout is block-major), so a
 transfer names blocks by index in two prepared descriptor lists, ours and the peer's, and is posted
 a chunk at a time (``nixl_xfer``). A reader's READ carries ``release:<lease>`` as its notification,
-so the owner frees the blocks when it is done; an owner's WRITE carries ``push:<transfer id>`` so
-the reader knows the bytes have landed. UCX's progress thread moves the bytes and notifications
-whether or not the worker's loop is polling, and sleeps on UCX's events when there are none.
+so the owner frees the blocks when it is done. UCX's progress thread moves the bytes and
+notifications whether or not the worker's loop is polling, and sleeps on UCX's events when there
+are none.
 """
 
 import logging
@@ -15,12 +15,7 @@ import torch
 
 from pdserve.kvtransfer import nixl_shim
 from pdserve.kvtransfer.connector import KVConnector
-from pdserve.kvtransfer.handles import (
-    KVExport,
-    PeerInfo,
-    PushReceipt,
-    PushTarget,
-)
+from pdserve.kvtransfer.handles import KVExport, PeerInfo
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.nixl_xfer import ChunkedXfer
 from pdserve.kvtransfer.transfer import Transfer
@@ -28,7 +23,6 @@ from pdserve.kvtransfer.transfer import Transfer
 logger = logging.getLogger(__name__)
 
 _RELEASE = "release"
-_PUSHED = "push"
 # A transfer is posted this many bytes of blocks at a time, and each poll posts chunks for about
 # this long (see nixl_xfer): over cma, 4 MiB is a few ms of copying.
 CHUNK_BYTES = 4 * 2**20
@@ -63,7 +57,6 @@ class NixlConnector(KVConnector):
             "NIXL_INIT_AGENT", self._descriptors(self.peer_info()), self._mem_type
         )
         self._remote: dict[str, object] = {}  # peer name -> its prepared descriptor list
-        self._pushed: set[str] = set()  # transfer ids whose push has landed here
 
     def peer_info(self) -> PeerInfo:
         return PeerInfo(
@@ -76,37 +69,6 @@ class NixlConnector(KVConnector):
             base_address=self.kv_cache.data_ptr(),
             mem_type=self._mem_type,
             device_id=self._device_id,
-        )
-
-    def push(self, target: PushTarget, block_ids: list[int]) -> tuple[Transfer, PushReceipt]:
-        self.add_peer(target.reader)
-        self._check_lengths(len(block_ids), len(target.block_ids))
-        # Pinned until the write ends either way: the engine must not reuse blocks being read.
-        lease_id, _ = self._leases.grant(block_ids, self.lease_seconds)
-        transfer = self._post(
-            "WRITE",
-            f"push of {len(block_ids)} blocks to {target.reader.name}",
-            target.reader.name,
-            block_ids,
-            list(target.block_ids),
-            f"{_PUSHED}:{target.transfer_id}",
-            self.timeout,
-            on_end=lambda ok: self._leases.release(lease_id),
-        )
-        return transfer, PushReceipt(self.name, target.transfer_id)
-
-    def receive_push(self, target: PushTarget, receipt: PushReceipt) -> Transfer:
-        def landed() -> bool:
-            self._handle_notifications()
-            if receipt.transfer_id in self._pushed:
-                self._pushed.remove(receipt.transfer_id)
-                return True
-            return False
-
-        return self._transfer(
-            f"push of {len(target.block_ids)} blocks from {receipt.owner}",
-            landed,
-            len(target.block_ids),
         )
 
     def close(self) -> None:
@@ -125,51 +87,26 @@ class NixlConnector(KVConnector):
     def _start_pull(
         self, export: KVExport, skip: int, block_ids: list[int], timeout: float
     ) -> Transfer:
-        return self._post(
-            "READ",
-            f"pull of {len(block_ids)} blocks from {export.owner}",
-            export.owner,
-            block_ids,
-            list(export.block_ids[skip:]),
-            f"{_RELEASE}:{export.lease_id}",
-            timeout,
-        )
-
-    def release(self, export: KVExport) -> None:
-        self._agent.send_notif(export.owner, f"{_RELEASE}:{export.lease_id}".encode())
-
-    def _post(
-        self,
-        op: str,
-        what: str,
-        peer: str,
-        local_ids: list[int],
-        remote_ids: list[int],
-        notification: str,
-        timeout: float,
-        on_end: Callable[[bool], None] | None = None,
-    ) -> Transfer:
+        what = f"pull of {len(block_ids)} blocks from {export.owner}"
         xfer = ChunkedXfer(
             what,
             self._agent,
-            op,
             self._local,
-            local_ids,
-            self._remote[peer],
-            remote_ids,
-            notification.encode(),
+            block_ids,
+            self._remote[export.owner],
+            list(export.block_ids[skip:]),
+            f"{_RELEASE}:{export.lease_id}".encode(),
             max(1, self.chunk_bytes // self.block_bytes),
             self.post_budget,
         )
-
-        def end(ok: bool) -> None:
-            xfer.release()
-            if on_end is not None:
-                on_end(ok)
-
-        transfer = self._transfer(what, xfer.poll, len(local_ids), timeout, end)
-        transfer.poll()  # posts the first chunk now: a peer that is gone fails this very call
+        transfer = self._transfer(
+            what, xfer.poll, len(block_ids), timeout, on_end=lambda ok: xfer.release()
+        )
+        transfer.poll()  # posts the first chunk now: an owner that is gone fails this very call
         return transfer
+
+    def release(self, export: KVExport) -> None:
+        self._agent.send_notif(export.owner, f"{_RELEASE}:{export.lease_id}".encode())
 
     def _handle_notifications(self) -> None:
         for messages in self._agent.get_new_notifs().values():
@@ -177,8 +114,6 @@ class NixlConnector(KVConnector):
                 kind, _, key = message.decode().partition(":")
                 if kind == _RELEASE:
                     self._leases.release(key)
-                elif kind == _PUSHED:
-                    self._pushed.add(key)
 
     @staticmethod
     def _descriptors(info: PeerInfo) -> list[tuple[int, int, int]]:

@@ -1,11 +1,11 @@
-"""One NIXL transfer, posted a chunk of blocks at a time so that no call holds its caller long.
+"""One NIXL READ, posted a chunk of blocks at a time so that no call holds its caller long.
 
 Over UCX's cma (host memory between processes) a post does the whole copy in the caller's thread:
 posted at once, a 2,048-token prompt would hold a decode loop for tens of ms. So each ``poll``
 posts chunks until it has spent ``post_budget`` seconds (at least one chunk); an engine loop that
 polls between steps interleaves the copy with them. Where posts return at once (GPU memory, RDMA)
 every chunk goes out in the first poll. The notification rides on the last chunk only, posted once
-the others have landed, so the peer hears of the transfer after all its bytes are in place.
+the others have landed, so the owner hears of the read after all its bytes are in place.
 """
 
 import logging
@@ -23,7 +23,6 @@ class ChunkedXfer:
         self,
         what: str,
         agent: Any,
-        op: str,
         local: Any,
         local_ids: list[int],
         remote: Any,
@@ -34,7 +33,6 @@ class ChunkedXfer:
     ) -> None:
         self._what = what
         self._agent = agent
-        self._op = op
         self._local = local
         self._remote = remote
         self._notification = notification
@@ -70,7 +68,7 @@ class ChunkedXfer:
     def _post(self, local_ids: list[int], remote_ids: list[int]) -> None:
         notification = b"" if self._chunks else self._notification
         handle = self._agent.make_prepped_xfer(
-            self._op, self._local, local_ids, self._remote, remote_ids, notification
+            "READ", self._local, local_ids, self._remote, remote_ids, notification
         )
         self._in_flight.append(handle)
         if self._agent.transfer(handle) == "ERR":

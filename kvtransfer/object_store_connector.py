@@ -4,8 +4,7 @@ An export copies the blocks into one object at once and frees them: the object, 
 carries the bytes from then on, and Ray frees it when the last holder of the export drops it. Each
 side copies once: the owner block by block into the object store, the reader out of it straight
 into its blocks. So this backend needs no lease and no notification; if the owner dies, Ray loses
-the object and the reader's transfer fails with the owner's death as its cause. A push is the same
-copy, handed to the reader inside the receipt.
+the object and the reader's transfer fails with the owner's death as its cause.
 """
 
 import warnings
@@ -14,7 +13,7 @@ import ray
 import torch
 
 from pdserve.kvtransfer.connector import KVConnector
-from pdserve.kvtransfer.handles import KVExport, PeerInfo, PushReceipt, PushTarget
+from pdserve.kvtransfer.handles import KVExport, PeerInfo
 from pdserve.kvtransfer.transfer import Transfer
 
 
@@ -29,30 +28,11 @@ class ObjectStoreConnector(KVConnector):
         self._free_blocks(block_ids)
         return KVExport(self.name, tuple(block_ids), "", float("inf"), payload)
 
-    def push(self, target: PushTarget, block_ids: list[int]) -> tuple[Transfer, PushReceipt]:
-        self.add_peer(target.reader)
-        self._check_lengths(len(block_ids), len(target.block_ids))
-        receipt = PushReceipt(self.name, target.transfer_id, self._put(block_ids))
-        self._free_blocks(block_ids)
-        transfer = self._transfer(
-            f"push of {len(block_ids)} blocks to {target.reader.name}", lambda: True, 0
-        )
-        return transfer, receipt
-
-    def receive_push(self, target: PushTarget, receipt: PushReceipt) -> Transfer:
-        return self._copy_in(
-            f"push of {len(target.block_ids)} blocks from {receipt.owner}",
-            receipt.payload,
-            list(target.block_ids),
-            self.timeout,
-            0,
-        )
-
     def _connect(self, info: PeerInfo) -> None:
         """Nothing to set up: Ray already connects every worker."""
 
     def _handle_notifications(self) -> None:
-        """Nothing to hear: exports hold no lease, and a push's bytes ride in its receipt."""
+        """Nothing to hear: exports hold no lease."""
 
     def _start_pull(
         self, export: KVExport, skip: int, block_ids: list[int], timeout: float

@@ -10,7 +10,7 @@ from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kvtransfer.factory import make_connector
-from pdserve.kvtransfer.handles import KVExport, KVTransferError, PeerInfo, PushReceipt, PushTarget
+from pdserve.kvtransfer.handles import KVExport, KVTransferError, PeerInfo
 from pdserve.kvtransfer.layout import KVLayout
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
@@ -60,11 +60,6 @@ class KVPeer:
     def drop_lease(self, lease_id: str) -> None:
         self.connector.drop_lease(lease_id)
 
-    def push(self, target: PushTarget, block_ids: list[int]) -> PushReceipt:
-        transfer, receipt = self.connector.push(target, block_ids)
-        transfer.wait()
-        return receipt
-
     def generate(self, prompt: list[int], params: SamplingParams) -> Generated:
         """The single-process reference: prefill and decode here."""
         self.engine.add_request("local", prompt, params)
@@ -75,9 +70,6 @@ class KVPeer:
         if slots is None or slots.num_cached_blocks:
             raise RuntimeError(f"expected blocks to fill, all of them, got {slots}")
         return slots.block_ids
-
-    def push_target(self, block_ids: list[int], transfer_id: str) -> PushTarget:
-        return self.connector.push_target(block_ids, transfer_id)
 
     def pull(self, export: KVExport, block_ids: list[int]) -> None:
         self.connector.pull(export, block_ids).wait()
@@ -90,9 +82,6 @@ class KVPeer:
         except KVTransferError as error:
             return str(error), time.monotonic() - start
         return None, time.monotonic() - start
-
-    def receive_push(self, target: PushTarget, receipt: PushReceipt) -> None:
-        self.connector.receive_push(target, receipt).wait()
 
     def decode(self, request_id: str, first_token: int) -> Generated:
         """Continues a request whose prompt KV has landed; returns all its output."""

@@ -42,9 +42,7 @@ class FakeAgent:
 
 def chunked(agent: FakeAgent, num_blocks: int, chunk_blocks: int, budget: float) -> ChunkedXfer:
     ids = list(range(num_blocks))
-    return ChunkedXfer(
-        "test", agent, "READ", None, ids, None, ids, NOTIFICATION, chunk_blocks, budget
-    )
+    return ChunkedXfer("test", agent, None, ids, None, ids, NOTIFICATION, chunk_blocks, budget)
 
 
 def test_synchronous_posts_go_one_chunk_per_poll_and_only_the_last_notifies() -> None:
