@@ -7,7 +7,8 @@ Sends a dataset's requests (``--dataset random|prefix-shared|chat``) to an OpenA
 prompts (seed + run index), so the server's prefix cache carries nothing from one run to the next.
 Prints the summaries (``metrics.py``: TTFT, TPOT, ITL, E2EL, throughputs, goodput under
 ``--slo``) and writes ``--out`` (JSON: config, per-request records, summaries) with PNGs beside
-it. ``--compare a.json b.json`` prints b's summaries over a's instead.
+it. ``--compare a.json b.json`` prints b's summaries over a's instead, and with ``--out`` plots
+both on the same axes there.
 """
 
 import argparse
@@ -29,11 +30,12 @@ from pdserve.benchmarks.serve_bench.datasets import (
     make_requests,
 )
 from pdserve.benchmarks.serve_bench.metrics import cell, parse_slos, summarize
-from pdserve.benchmarks.serve_bench.plots import write_plots
+from pdserve.benchmarks.serve_bench.plots import write_compare_plots, write_plots
 from pdserve.benchmarks.serve_bench.runner import run_schedule, send_one
 from pdserve.engine.tokenizer import Tokenizer
 
 API_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_OUT = Path("bench-serve.json")
 
 
 class RunPlan(NamedTuple):
@@ -83,8 +85,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="requests before the runs, untimed")
     parser.add_argument("--seed", type=int, default=0, help="prompts and arrivals")
     parser.add_argument("--disable-tqdm", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("bench-serve.json"))
-    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="b / a; no run")
+    parser.add_argument(
+        "--out", type=Path, help="the result JSON (default: bench-serve.json); the PNGs beside it"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("A", "B"),
+        help="b / a, no run; with --out, both plotted on the same axes beside it",
+    )
 
 
 def plan_runs(args: argparse.Namespace) -> list[RunPlan]:
@@ -188,12 +198,17 @@ def print_summaries(result: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.compare:
         print("\n".join(compare_files(*args.compare)))
+        if args.out is not None:
+            results = {path.stem: json.loads(path.read_text()) for path in args.compare}
+            for png in write_compare_plots(results, args.out):
+                print(f"plotted {png}")
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out or DEFAULT_OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
     result = asyncio.run(_bench(args, plan_runs(args)))
-    args.out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result, indent=1))
     print_summaries(result)
-    print(f"wrote {args.out}")
-    for png in write_plots(result, args.out):
+    print(f"wrote {out}")
+    for png in write_plots(result, out):
         print(f"plotted {png}")
     return 1 if any(run["summary"]["failed"] for run in result["runs"]) else 0

@@ -1,6 +1,7 @@
 """The PNGs beside the result's JSON: latency CDFs (one curve per run), each run's per-request
-timeline, and, for a sweep of request rates, throughput and goodput against the offered rate.
-matplotlib is a dev extra (``cluster/plotting.py``): without it, no PNGs."""
+timeline, and, for a sweep of request rates, throughput and goodput against the offered rate; for
+``--compare``, two results' CDFs and rate curves on the same axes. matplotlib is a dev extra
+(``cluster/plotting.py``): without it, no PNGs."""
 
 import math
 from pathlib import Path
@@ -63,23 +64,33 @@ def plot_timeline(result: dict, path: Path) -> None:
     _save(plt, fig, path)
 
 
-def plot_rates(result: dict, path: Path) -> bool:
-    """Throughputs and goodput against the offered rate; False unless a sweep of finite rates."""
+def _rate_runs(result: dict) -> list[dict]:
     runs = [r for r in result["runs"] if r["request_rate"] is not None]
-    runs = [r for r in runs if math.isfinite(r["request_rate"])]
-    if len(runs) < 2:
+    return [r for r in runs if math.isfinite(r["request_rate"])]
+
+
+def plot_rates(results: dict[str, dict], path: Path) -> bool:
+    """Throughputs and goodput against the offered rate, a curve per result (keyed by its name
+    in the legend, "" for one alone); False unless each is a sweep of finite rates."""
+    sweeps = {name: _rate_runs(result) for name, result in results.items()}
+    if any(len(runs) < 2 for runs in sweeps.values()):
         return False
     plt = pyplot()
-    rates = [r["request_rate"] for r in runs]
     fig, (requests, tokens) = plt.subplots(1, 2, figsize=RATES_SIZE_IN)
-    requests.plot(rates, rates, "k:", label="offered")
-    requests.plot(rates, [r["summary"]["request_throughput"] for r in runs], "o-", label="done")
-    if runs[0]["summary"]["goodput"] is not None:
-        requests.plot(rates, [r["summary"]["goodput"] for r in runs], "s-", label="goodput")
+    offered = sorted({r["request_rate"] for runs in sweeps.values() for r in runs})
+    requests.plot(offered, offered, "k:", label="offered")
+    for name, runs in sweeps.items():
+        rates = [r["request_rate"] for r in runs]
+        prefix = f"{name} " if name else ""
+        summaries = [r["summary"] for r in runs]
+        done = [s["request_throughput"] for s in summaries]
+        requests.plot(rates, done, "o-", label=f"{prefix}done")
+        if summaries[0]["goodput"] is not None:
+            requests.plot(rates, [s["goodput"] for s in summaries], "s-", label=f"{prefix}goodput")
+        for key in ("output_throughput", "total_token_throughput"):
+            tokens.plot(rates, [s[key] for s in summaries], "o-", label=f"{prefix}{key}")
     requests.set(xlabel="offered requests/s", ylabel="requests/s")
     requests.legend(fontsize="small")
-    for key in ("output_throughput", "total_token_throughput"):
-        tokens.plot(rates, [r["summary"][key] for r in runs], "o-", label=key)
     tokens.set(xlabel="offered requests/s", ylabel="tokens/s")
     tokens.legend(fontsize="small")
     _save(plt, fig, path)
@@ -100,6 +111,28 @@ def write_plots(result: dict, json_path: Path) -> list[Path]:
     plot_cdfs(result, written[0])
     plot_timeline(result, written[1])
     rates = json_path.with_suffix(".rates.png")
-    if plot_rates(result, rates):
+    if plot_rates({"": result}, rates):
+        written.append(rates)
+    return written
+
+
+def write_compare_plots(results: dict[str, dict], out: Path) -> list[Path]:
+    """The compared results' CDFs (``out``.cdf.png: each run of each, labelled by the result's
+    name) and, for sweeps, their rate curves (``out``.rates.png); none without matplotlib."""
+    if pyplot() is None:
+        return []
+    merged = {
+        "model": " vs ".join(results),
+        "dataset": " / ".join(sorted({result["dataset"] for result in results.values()})),
+        "runs": [
+            {**run, "label": f"{name}: {run['label']}"}
+            for name, result in results.items()
+            for run in result["runs"]
+        ],
+    }
+    written = [out.with_suffix(".cdf.png")]
+    plot_cdfs(merged, written[0])
+    rates = out.with_suffix(".rates.png")
+    if plot_rates(results, rates):
         written.append(rates)
     return written

@@ -66,10 +66,15 @@ def test_a_rate_sweep_over_http_with_slos(
     printed = capsys.readouterr().out
     assert "| metric | rate 20 | rate 50 |" in printed and "| goodput |" in printed
 
-    code = main(["bench", "serve", "--compare", str(out), str(out)])
+    plots = tmp_path / "compared.json"
+    code = main(["bench", "serve", "--compare", str(out), str(out), "--out", str(plots)])
     assert code == 0
     table = capsys.readouterr().out
     assert f"| rate 20 | completed | {NUM_PROMPTS} | {NUM_PROMPTS} | 1.000x |" in table
+    for suffix in ("cdf", "rates"):  # both results on the same axes
+        assert f"plotted {plots.with_suffix(f'.{suffix}.png')}" in table
+        assert plots.with_suffix(f".{suffix}.png").stat().st_size > 0
+    assert not plots.exists()  # a comparison writes no result
 
 
 def test_prefix_shared_over_grpc_under_a_concurrency_limit(
