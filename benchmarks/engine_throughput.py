@@ -4,10 +4,11 @@ Both run in this process on the same threads and weights; ours runs twice, befor
 transformers, and its mean time counts. transformers pads every static batch to its longest
 prompt and decodes every row to its longest output, so the slots past a row's own length are
 waste; continuous batching admits and retires requests per step instead. The workload's FLOPs
-over a matmul throughput measured in the same run give a compute bound, and the scheduler is
+over a matmul throughput measured in the same run (in the run's dtype) give a compute bound, and
+the scheduler is
 timed alone (no model) with 256 running requests. Where the native CPU kernels are built, ours
-runs once more with the PyTorch kernels in their place. The workload is in ``workload.py``, the
-scheduler timing in ``scheduler_step.py``.
+runs once more with the PyTorch kernels in their place. ``--dtype bfloat16`` runs both sides in
+bf16. The workload is in ``workload.py``, the scheduler timing in ``scheduler_step.py``.
 """
 
 import argparse
@@ -33,7 +34,7 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kernels import native
 
 HF_BATCH_SIZE = 16
-MATMUL_SIZE = 2048  # [n, n] x [n, n] fp32: large enough for MKL's peak, ~0.15 s on 2 cores
+MATMUL_SIZE = 2048  # [n, n] x [n, n]: large enough for MKL's peak, ~0.15 s on 2 cores (fp32)
 MATMUL_REPEATS = 5
 WARMUP_REQUESTS = 4
 
@@ -99,9 +100,11 @@ def run_hf(model, workload: list[WorkItem], batch_size: int, pad_id: int) -> HFR
     return HFResult(seconds, useful, 1 - useful / decode_slots, 1 - prompt_tokens / prefill_slots)
 
 
-def matmul_flops_per_second(size: int = MATMUL_SIZE, repeats: int = MATMUL_REPEATS) -> float:
-    """fp32 ``torch.mm`` throughput on the current threads, best of ``repeats``."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_flops_per_second(
+    dtype: torch.dtype = torch.float32, size: int = MATMUL_SIZE, repeats: int = MATMUL_REPEATS
+) -> float:
+    """``torch.mm`` throughput in ``dtype`` on the current threads, best of ``repeats``."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     torch.mm(a, b)  # MKL's first call sets up its buffers
     best = float("inf")
     for _ in range(repeats):
@@ -116,6 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", help="made into --model when it is missing")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--hf-batch-size", type=int, default=HF_BATCH_SIZE)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--quick", action="store_true", help="16 short requests, for tests")
 
@@ -140,12 +144,13 @@ def run(args: argparse.Namespace) -> int:
         from pdserve.cluster.make_model import make_model
 
         make_model(args.preset, args.model)
-    llm = LLM(model=args.model, dtype="float32")
+    dtype = getattr(torch, args.dtype)
+    llm = LLM(model=args.model, dtype=args.dtype)
     model_config = llm.engine.model_config
     shape = QUICK if args.quick else FULL
     workload = make_workload(model_config.vocab_size, shape, args.seed)
     warmup = make_workload(model_config.vocab_size, QUICK, args.seed + 1)[:WARMUP_REQUESTS]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     pad_id = tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
 
@@ -165,13 +170,13 @@ def run(args: argparse.Namespace) -> int:
     if theirs.useful_tokens != useful:
         raise RuntimeError(f"transformers made {theirs.useful_tokens} useful tokens, not {useful}")
     flops = workload_flops(model_config, workload)
-    peak = matmul_flops_per_second()
+    peak = matmul_flops_per_second(dtype)
     bound = useful / (flops / peak)
     sched_s = scheduler_step_seconds()
     ours, hf_rate = useful / ours_s, useful / theirs.seconds
 
     prompts, outputs = [len(w.prompt) for w in workload], [w.output_len for w in workload]
-    print(f"model {args.model} (fp32), {args.threads} threads, seed {args.seed}")
+    print(f"model {args.model} ({args.dtype}), {args.threads} threads, seed {args.seed}")
     print(f"CPU: {native.describe_cpu()}")
     print(
         f"{len(workload)} requests; prompts uniform in {list(shape.prompt_len)}: {_stats(prompts)}"
@@ -183,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"ours {ours_s:.2f} s (mean of {ours_before:.2f} s before transformers and "
         f"{ours_after:.2f} s after), transformers {theirs.seconds:.2f} s, for {useful} useful "
-        f"tokens; workload {flops / 1e9:.1f} GFLOP, fp32 mm {peak / 1e9:.1f} GFLOP/s\n"
+        f"tokens; workload {flops / 1e9:.1f} GFLOP, {args.dtype} mm {peak / 1e9:.1f} GFLOP/s\n"
     )
     rows = [
         ("useful tok/s, ours (continuous batching)", f"{ours:.0f}"),
@@ -206,6 +211,6 @@ def run(args: argparse.Namespace) -> int:
     quick = " --quick" if args.quick else ""
     print(
         f"\ncommand: pdserve bench engine --model {args.model} --threads {args.threads} "
-        f"--hf-batch-size {args.hf_batch_size} --seed {args.seed}{quick}"
+        f"--hf-batch-size {args.hf_batch_size} --dtype {args.dtype} --seed {args.seed}{quick}"
     )
     return 0

@@ -91,3 +91,15 @@ def test_registered_as_pdserve_bench_engine() -> None:
     module, args = cli.dispatch("pdserve", cli.SUBCOMMANDS, ["bench", "engine", "--quick"])
     assert module is bench
     assert args.quick and args.hf_batch_size == bench.HF_BATCH_SIZE
+
+
+@pytest.mark.slow
+def test_a_quick_run_in_bf16_names_its_dtype_and_ratio(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["bench", "engine", "--quick", "--model", str(tiny_model_dir), "--threads", "1"]
+    assert cli.main([*argv, "--dtype", "bfloat16"]) == 0
+    printed = capsys.readouterr().out
+    assert f"model {tiny_model_dir} (bfloat16), 1 threads" in printed
+    assert "bfloat16 mm" in printed and "| ours / transformers |" in printed
+    assert "--dtype bfloat16" in printed  # the command that reproduces it
