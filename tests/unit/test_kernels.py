@@ -196,6 +196,7 @@ def test_torch_write_kv_scatters_slots_and_skips_padding():
     assert torch.equal(full, expected)  # other layers untouched too
 
 
+@pytest.mark.slow  # a fresh interpreter: seconds of imports
 def test_cpu_dispatch_never_imports_triton():
     script = (
         "import sys, torch\n"

@@ -104,6 +104,7 @@ def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a fresh interpreter: seconds of imports
 def test_the_router_imports_no_torch() -> None:
     result = _run(
         """
@@ -146,6 +147,7 @@ def test_serve_help_needs_no_dev_package() -> None:
     assert "--prefill-replicas" in result.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter: seconds of imports
 def test_generate_needs_no_dev_package(tiny_model_dir: Path) -> None:
     result = _cli_without_dev(
         "generate", "--model", str(tiny_model_dir), "--prompt", "The cache holds",

@@ -50,6 +50,7 @@ def test_writes_a_complete_llama_checkpoint(tiny_model_dir: Path) -> None:
     assert "<|im_start|>" in tokenizer_config["chat_template"]
 
 
+@pytest.mark.slow  # a fresh interpreter: seconds of imports
 def test_byte_identical_across_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
     # A second build, through the CLI in a fresh process: nothing may hang on hash seeds or threads.
     out = tmp_path / "again"

@@ -9,6 +9,7 @@ from pdserve.cluster import cli
 from pdserve.cluster.planner.profile import Profile
 
 
+@pytest.mark.slow  # profiles the model on a grid
 def test_profile_writes_what_the_planner_reads(
     tiny_model_dir: Path, tmp_path: Path, torch_threads
 ) -> None:
