@@ -199,7 +199,10 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         print("\n".join(compare_files(*args.compare)))
         if args.out is not None:
-            results = {path.stem: json.loads(path.read_text()) for path in args.compare}
+            a, b = args.compare
+            names = (a.stem, b.stem) if a.stem != b.stem else (f"a {a.stem}", f"b {b.stem}")
+            pairs = zip(names, (a, b), strict=True)
+            results = {name: json.loads(path.read_text()) for name, path in pairs}
             for png in write_compare_plots(results, args.out):
                 print(f"plotted {png}")
         return 0

@@ -71,7 +71,7 @@ def test_a_rate_sweep_over_http_with_slos(
     assert code == 0
     table = capsys.readouterr().out
     assert f"| rate 20 | completed | {NUM_PROMPTS} | {NUM_PROMPTS} | 1.000x |" in table
-    for suffix in ("cdf", "rates"):  # both results on the same axes
+    for suffix in ("cdf", "rates"):  # both results on the same axes, "a sweep" and "b sweep"
         assert f"plotted {plots.with_suffix(f'.{suffix}.png')}" in table
         assert plots.with_suffix(f".{suffix}.png").stat().st_size > 0
     assert not plots.exists()  # a comparison writes no result
