@@ -5,10 +5,10 @@ transformers, and its mean time counts. transformers pads every static batch to 
 prompt and decodes every row to its longest output, so the slots past a row's own length are
 waste; continuous batching admits and retires requests per step instead. The workload's FLOPs
 over a matmul throughput measured in the same run (in the run's dtype) give a compute bound, and
-the scheduler is
-timed alone (no model) with 256 running requests. Where the native CPU kernels are built, ours
-runs once more with the PyTorch kernels in their place. ``--dtype bfloat16`` runs both sides in
-bf16. The workload is in ``workload.py``, the scheduler timing in ``scheduler_step.py``.
+the scheduler is timed alone (no model) with 256 running requests. Where the native CPU kernels
+are built, ours runs once more with the PyTorch kernels in their place. ``--dtype bfloat16`` runs
+both sides in bf16. The workload is in ``workload.py``, the scheduler timing in
+``scheduler_step.py``.
 """
 
 import argparse

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from pdserve.benchmarks.arrivals import POISSON, Stage, arrival_offsets, parse_stages, send_times
 from pdserve.benchmarks.serve_bench.backends import Backend, open_backend
-from pdserve.benchmarks.serve_bench.compare import compare_files
+from pdserve.benchmarks.serve_bench.compare import compare_files, load_pair
 from pdserve.benchmarks.serve_bench.datasets import (
     DATASETS,
     BenchRequest,
@@ -197,12 +197,9 @@ def print_summaries(result: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.compare:
-        print("\n".join(compare_files(*args.compare)))
+        results = load_pair(*args.compare)
+        print("\n".join(compare_files(*args.compare, results)))
         if args.out is not None:
-            a, b = args.compare
-            names = (a.stem, b.stem) if a.stem != b.stem else (f"a {a.stem}", f"b {b.stem}")
-            pairs = zip(names, (a, b), strict=True)
-            results = {name: json.loads(path.read_text()) for name, path in pairs}
             for png in write_compare_plots(results, args.out):
                 print(f"plotted {png}")
         return 0

@@ -34,8 +34,16 @@ def _what(result: dict) -> str:
     return f"{result['model']} over {result['backend']}, dataset {result['dataset']}"
 
 
-def compare_files(a: Path, b: Path) -> list[str]:
-    first, second = (json.loads(path.read_text()) for path in (a, b))
+def load_pair(a: Path, b: Path) -> dict[str, dict]:
+    """Both results, a's first, by the names their plots give them: the files' names, or
+    "a NAME" and "b NAME" when the two are the same."""
+    names = (a.stem, b.stem) if a.stem != b.stem else (f"a {a.stem}", f"b {b.stem}")
+    return {name: json.loads(path.read_text()) for name, path in zip(names, (a, b), strict=True)}
+
+
+def compare_files(a: Path, b: Path, results: dict[str, dict]) -> list[str]:
+    """The report on ``results`` (``load_pair(a, b)``): which file is which, then the table."""
+    first, second = results.values()
     lines = [
         f"{name}: {path} ({_what(result)})"
         for name, path, result in (("a", a, first), ("b", b, second))

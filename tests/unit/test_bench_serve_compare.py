@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from pdserve.benchmarks.openai_http import chunk_tokens
-from pdserve.benchmarks.serve_bench.compare import compare_files, compare_table
+from pdserve.benchmarks.serve_bench.compare import compare_files, compare_table, load_pair
 
 
 def _result(label: str, **summary: object) -> dict:
@@ -35,10 +35,25 @@ def test_runs_pair_in_order_and_differing_labels_show(tmp_path: Path) -> None:
     second = _result("rate 2", completed=2)
     second["runs"].append({"label": "rate 4", "summary": {"completed": 1}})
     b.write_text(json.dumps(second))
-    lines = compare_files(a, b)
+    lines = compare_files(a, b, load_pair(a, b))
     assert lines[0] == f"a: {a} (m over http x, dataset random)"
     assert "runs: 1 in a, 2 in b" in lines[2]
     assert lines[-1] == "| rate 1 vs rate 2 | completed | 4 | 2 | 0.500x |"
+
+
+def test_the_pair_is_named_by_its_files_and_told_apart_when_they_share_a_name(
+    tmp_path: Path,
+) -> None:
+    a, b = tmp_path / "agg.json", tmp_path / "disagg.json"
+    a.write_text(json.dumps(_result("rate 1", completed=4)))
+    b.write_text(json.dumps(_result("rate 1", completed=2)))
+    assert list(load_pair(a, b)) == ["agg", "disagg"]
+    (tmp_path / "other").mkdir()
+    twin = tmp_path / "other" / "agg.json"
+    twin.write_text(b.read_text())
+    pair = load_pair(a, twin)  # one series each in the plots, not one merged into the other
+    assert list(pair) == ["a agg", "b agg"]
+    assert [r["runs"][0]["summary"]["completed"] for r in pair.values()] == [4, 2]
 
 
 def test_a_chunk_counts_its_logprob_entries_or_one_for_bare_text() -> None:
