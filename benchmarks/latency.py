@@ -4,7 +4,8 @@ distribution that summarises them.
 A chunk can carry several tokens (the engine merges the deltas a slow consumer has not taken, and
 the cluster streams them in batches). As vLLM counts it, a chunk of k tokens that arrives g
 seconds after the previous one adds k gaps of g / k; the tokens a first chunk carries beyond the
-first arrive with it, at TTFT, and add no gap.
+first arrive with it, at TTFT, and add gaps of 0. So a stream of n tokens has n - 1 gaps whatever
+its chunks, and their mean is (last token - first token) / (n - 1), aiperf's ITL and vLLM's TPOT.
 """
 
 import time
@@ -36,6 +37,7 @@ class TokenClock:
         now = time.perf_counter()
         if self.ttft is None:
             self.ttft = now - self.sent
+            self.itls += [0.0] * (num_tokens - 1)
         else:
             self.itls += [(now - self.last) / num_tokens] * num_tokens
         self.last = now

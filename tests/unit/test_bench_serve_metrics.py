@@ -21,12 +21,12 @@ def test_a_chunk_of_k_tokens_adds_k_even_gaps(monkeypatch: pytest.MonkeyPatch) -
     times = iter([10.0, 10.1, 10.3, 10.4])
     monkeypatch.setattr(latency.time, "perf_counter", lambda: next(times))
     clock = TokenClock()  # sent at 10.0
-    clock.tick(2)  # first chunk, 2 tokens: TTFT, and the second token arrives with it
+    clock.tick(2)  # first chunk, 2 tokens: TTFT, and the second token arrives with it: gap 0
     clock.tick(0)  # a finish-only chunk: nothing
     clock.tick(4)  # 4 tokens 200 ms later: 4 gaps of 50 ms
     clock.tick(1)
     assert clock.ttft == pytest.approx(0.1) and clock.num_tokens == 7
-    assert clock.itls == pytest.approx([0.05] * 4 + [0.1])
+    assert clock.itls == pytest.approx([0.0] + [0.05] * 4 + [0.1])  # one gap per later token
 
 
 def test_latencies_by_vllm_definitions() -> None:
