@@ -20,14 +20,15 @@ NUM_REQUESTS, MAX_OUTPUT_LEN = 4, 4
 ROWS = ("offline", "aggregated", "disaggregated")
 
 
-def test_a_chunk_of_k_tokens_adds_k_even_gaps_and_the_first_chunk_none() -> None:
+def test_a_chunk_of_k_tokens_adds_k_even_gaps_and_the_first_chunk_zeros() -> None:
     clock = TokenClock()
     clock.tick(2)  # the first token, and one more that came with it
     clock.tick(0)  # a chunk with no token (e.g. the finish reason alone) adds nothing
     clock.tick(3)
     timing = clock.timing(5)
     assert timing.num_tokens == 5 and timing.ttft > 0
-    assert len(timing.itls) == 3 and len(set(timing.itls)) == 1
+    assert timing.itls[0] == 0.0  # the second token came with the first
+    assert len(timing.itls) == 4 and len(set(timing.itls[1:])) == 1 and timing.itls[1] > 0
     with pytest.raises(RuntimeError, match="asked for 6 tokens, got 5"):
         clock.timing(6)
 
