@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= models/tiny
 UV := $(VENV)/bin/uv
+# Python keeps the bytecode it compiles (in __pycache__, git-ignored) even where the environment
+# says not to: without it every process compiles its imports again (torch, ray: 8.7 s of CPU for a
+# decode replica's imports, 3.6 s with it), and the tests start dozens of replicas and interpreters.
+unexport PYTHONDONTWRITEBYTECODE
 # torch comes first and pinned: on this machine 2.13.0 is the CPU build on local disk (WHEELS), while
 # an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
