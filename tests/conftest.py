@@ -18,10 +18,13 @@ from pdserve.cluster.serve_env import apply_serve_env
 
 if TYPE_CHECKING:
     from pdserve.engine.llm_engine import LLMEngine
+    from pdserve.serving.config import ClusterConfig
     from pdserve.tests.ray_cluster import SessionCluster
 
 # The tests' clusters run Serve as `pdserve serve` does; this must come before ray.serve's import.
 apply_serve_env()
+
+SHARED_APP = "shared_app"  # the fixture's name, by which its tests are ordered
 
 # Weak references, so the registry never keeps an engine (and its KV cache) alive; each with the
 # test that was running when the engine was built, to name it in a leak report.
@@ -44,6 +47,21 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["SessionCl
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def shared_app(ray_cluster: "SessionCluster", tiny_model_dir: Path) -> "ClusterConfig":
+    """One disaggregated app (tests/e2e/serve_replicas.py, ``shared_model``) for every module that
+    uses it: they run first of the session cluster's tests, one after another, and the next
+    module's deployment replaces the app. Their tests leave replicas killed and restarted and
+    prefixes cached: a module that kills replicas runs after those that count on fresh ones (file
+    order), and each module's prompts use seeds of their own."""
+    from pdserve.cluster.serve import deploy
+    from pdserve.tests.e2e.serve_replicas import shared_model
+
+    config = ray_cluster.config([shared_model(tiny_model_dir)])
+    deploy(config)  # in place of any app up; there is none yet, but for a test run alone
+    return config
+
+
 def _uses_ray(item: pytest.Item) -> bool:
     return bool(item.get_closest_marker("own_ray_cluster")) or "ray_cluster" in getattr(
         item, "fixturenames", ()
@@ -58,8 +76,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     Tests that start a Ray cluster of their own (``pdserve serve`` as a user runs it) go first,
     before the session's cluster exists: two clusters at once would share Ray's files in /tmp/ray
-    (Prometheus' service-discovery file among them)."""
-    items.sort(key=lambda item: not item.get_closest_marker("own_ray_cluster"))
+    (Prometheus' service-discovery file among them). The tests of ``shared_app`` come next, so
+    that one deployment serves them all."""
+    items.sort(
+        key=lambda item: (
+            not item.get_closest_marker("own_ray_cluster"),
+            SHARED_APP not in getattr(item, "fixturenames", ()),
+        )
+    )
     for item in items:
         if _uses_ray(item):
             item.add_marker(pytest.mark.ray)

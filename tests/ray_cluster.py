@@ -9,7 +9,7 @@ head. The head runs Ray's dashboard on loopback (Prometheus reads the service-di
 writes) and every process reports its metrics every ``METRICS_REPORT_INTERVAL_MS``, as a cluster
 ``pdserve serve`` starts does. Serve's proxies run on the head, on free ports; each test module
 deploys its app with ``serving`` and deletes it at its end, so every module starts from fresh
-replicas.
+replicas, except those that share one app (``shared_app`` in tests/conftest.py).
 """
 
 import json

@@ -1,7 +1,10 @@
-"""For tests that run a pdserve app: random prompts and the offline engine's greedy answers to
-them, the tokens a response carries, and each worker replica's stats."""
+"""For tests that run a pdserve app: the session's shared disaggregated app, random prompts and
+the offline engine's greedy answers to them, the tokens a response carries, and each worker
+replica's stats."""
 
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -10,6 +13,27 @@ from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 
 VOCAB = 4096  # ids below every test model's vocabulary size
+
+# The ``shared_app`` fixture's one model (tests/conftest.py): router + 1 prefill + 2 decode replicas
+# of the tiny model; prompts of ``SHARED_LOCAL_MAX`` tokens or more that the chosen decode replica
+# has not cached prefill remotely; a stream whose decode replica dies moves once.
+SHARED_MODEL = "tiny-pd"
+SHARED_POOLS = {f"prefill-{SHARED_MODEL}": 1, f"decode-{SHARED_MODEL}": 2}
+SHARED_NUM_KV_BLOCKS = 512
+SHARED_LOCAL_MAX = 64
+SHARED_MIGRATION_LIMIT = 1
+
+
+def shared_model(model_dir: Path) -> dict[str, Any]:
+    return {
+        "name": SHARED_MODEL,
+        "path": str(model_dir),
+        "engine": {"num_kv_blocks": SHARED_NUM_KV_BLOCKS},
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 2},
+        "routing": {"local_prefill_max_tokens": SHARED_LOCAL_MAX},
+        "migration_limit": SHARED_MIGRATION_LIMIT,
+    }
 
 
 def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:

@@ -1,5 +1,6 @@
 """The disaggregated cluster on Ray Serve, end to end: router + 1 prefill + 2 decode replicas on
-the tiny model, driven by the ``openai`` SDK over HTTP and by grpcio through Serve's gRPC proxy.
+the tiny model (the session's shared app, fresh: this module is its first), driven by the
+``openai`` SDK over HTTP and by grpcio through Serve's gRPC proxy.
 
 Prompts of at least ``LOCAL_MAX`` tokens not cached at their decode replica take the remote path
 (prefill replica, KV pulled over NIXL, decode replica); shorter ones, and repeats, prefill on the
@@ -26,6 +27,10 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.grpc_service import pb, pb_grpc
 from pdserve.serving.config import DEFAULT_ROUTING_STATS_PERIOD_S
 from pdserve.tests.e2e.serve_replicas import (
+    SHARED_LOCAL_MAX,
+    SHARED_MODEL,
+    SHARED_NUM_KV_BLOCKS,
+    SHARED_POOLS,
     offline_greedy,
     random_prompts,
     replica_stats,
@@ -36,9 +41,7 @@ from pdserve.tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny"
-NUM_KV_BLOCKS = 512
-LOCAL_MAX = 64  # local_prefill_max_tokens
+MODEL, POOLS, LOCAL_MAX = SHARED_MODEL, SHARED_POOLS, SHARED_LOCAL_MAX  # local_prefill_max_tokens
 MAX_TOKENS = 8
 PROMPT_LENGTHS = [1, 7, 30, 63, 64, 90, 128, 200, 257, 333, 420, 512, 640, 777, 900, 1000]
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": 0}
@@ -46,17 +49,8 @@ GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_cluster, tiny_model_dir):
-    model = {
-        "name": MODEL,
-        "path": str(tiny_model_dir),
-        "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
-        "prefill": {"replicas": 1},
-        "decode": {"replicas": 2},
-        "routing": {"local_prefill_max_tokens": LOCAL_MAX},
-    }
-    with ray_cluster.serving(ray_cluster.config([model])) as config:
-        yield config
+def cluster(shared_app):
+    return shared_app
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +66,7 @@ def _prompts(seed: int, lengths: list[int] = PROMPT_LENGTHS) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def offline(tiny_model_dir) -> LLM:
-    return LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+    return LLM(str(tiny_model_dir), num_kv_blocks=SHARED_NUM_KV_BLOCKS)
 
 
 def _greedy(offline: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -107,9 +101,6 @@ def _route_decisions() -> dict[str, int]:
 
 def _post(url: str, body: bytes) -> urllib.request.Request:
     return urllib.request.Request(url, body, {"content-type": "application/json"}, method="POST")
-
-
-POOLS = {f"prefill-{MODEL}": 1, f"decode-{MODEL}": 2}
 
 
 def _decode_stats() -> dict[str, dict]:

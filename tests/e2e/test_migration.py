@@ -4,8 +4,9 @@ killed again beyond ``migration_limit``, a stream ends with the in-band error. `
 chaos`` runs against it too (a decode kill, streams abandoned): every accepted stream ends whole,
 and every replica frees every block.
 
-Router + 1 prefill + 2 decode replicas of the tiny model; Serve starts a new replica for each one
-killed, and the test waits for it before going on.
+Router + 1 prefill + 2 decode replicas of the tiny model (the session's shared app, after
+test_cluster's tests); Serve starts a new replica for each one killed, and the test waits for it
+before going on.
 """
 
 import json
@@ -29,6 +30,10 @@ from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.router.grpc_service import pb, pb_grpc
 from pdserve.tests.e2e.serve_replicas import (
+    SHARED_MIGRATION_LIMIT,
+    SHARED_MODEL,
+    SHARED_NUM_KV_BLOCKS,
+    SHARED_POOLS,
     offline_greedy,
     random_prompts,
     token_ids,
@@ -37,11 +42,9 @@ from pdserve.tests.e2e.serve_replicas import (
 
 pytestmark = pytest.mark.slow
 
-MODEL = "migrate-tiny"
+MODEL, POOLS, MIGRATION_LIMIT = SHARED_MODEL, SHARED_POOLS, SHARED_MIGRATION_LIMIT
 DECODE, PREFILL = f"decode-{MODEL}", f"prefill-{MODEL}"
-POOLS = {PREFILL: 1, DECODE: 2}
-NUM_KV_BLOCKS = 512
-MIGRATION_LIMIT = 1
+FIRST_SEED = 100
 # Long enough that a stream is still running when its replica is killed, and after it moved.
 MAX_TOKENS = 240
 TOKENS_BEFORE_KILL = 12
@@ -56,27 +59,18 @@ POLL_S = 0.05
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_cluster, tiny_model_dir):
-    model = {
-        "name": MODEL,
-        "path": str(tiny_model_dir),
-        "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
-        "prefill": {"replicas": 1},
-        "decode": {"replicas": 2},
-        "routing": {"local_prefill_max_tokens": 64},
-        "migration_limit": MIGRATION_LIMIT,
-    }
-    with ray_cluster.serving(ray_cluster.config([model])) as config:
-        yield config
+def cluster(shared_app):
+    return shared_app
 
 
 def _prompts(seed: int) -> list[list[int]]:
-    return random_prompts(seed, PROMPT_LENGTHS)
+    # Seeds of this module's own: test_cluster's prompts (seeds 0-5) are cached in the shared app.
+    return random_prompts(FIRST_SEED + seed, PROMPT_LENGTHS)
 
 
 @pytest.fixture(scope="module")
 def offline(tiny_model_dir) -> LLM:
-    return LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+    return LLM(str(tiny_model_dir), num_kv_blocks=SHARED_NUM_KV_BLOCKS)
 
 
 def _greedy(offline: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -267,7 +261,7 @@ def test_bench_chaos_ends_every_stream_and_frees_every_block_after_a_decode_kill
     assert result["problems"] == [] and result["migrated"] >= 0
     at_end = [row for row in result["replicas"] if row["live_at_end"]]
     assert sorted(row["deployment"] for row in at_end) == [DECODE, DECODE, PREFILL]
-    assert all(row["free_blocks"] == row["num_blocks"] == NUM_KV_BLOCKS for row in at_end)
+    assert all(row["free_blocks"] == row["num_blocks"] == SHARED_NUM_KV_BLOCKS for row in at_end)
     assert all(row["rss_end_bytes"] > 0 for row in at_end)
     killed = [row for row in result["replicas"] if row["killed"]]
     assert [row["replica"] for row in killed] == [kill["replica"]]

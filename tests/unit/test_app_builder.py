@@ -7,7 +7,7 @@ import pytest
 from ray.serve import Application
 
 from pdserve.cluster.access import API_KEY_ENV
-from pdserve.cluster.app import build_app
+from pdserve.cluster.app import DRAIN_POLL_S, build_app
 from pdserve.router.api_keys import key_digest
 
 
@@ -44,6 +44,8 @@ def test_pools_carry_their_serve_options(tiny_model_dir: Path) -> None:
     assert decode.num_replicas == 2
     assert decode._deployment_config.graceful_shutdown_timeout_s == 60  # pdserve's default
     assert decode.ray_actor_options["resources"] == {"decode_node": 1}
+    for pool in (prefill, decode):  # a stopping replica exits soon after its last stream
+        assert pool._deployment_config.graceful_shutdown_wait_loop_s == DRAIN_POLL_S
 
 
 def test_the_planner_is_bound_when_enabled(tiny_model_dir: Path, tmp_path: Path) -> None:
