@@ -44,6 +44,10 @@ test-deps:
 # run in the Ray tests' waits. The Ray run reports as it goes, the other when both are done.
 # Ray starts its workers (the replicas) at niceness 15: beside the other run's busy process, at 0,
 # they got a few percent of a core (a deployment took 211 s, not 41). Here they start at 0 too.
+# OpenMP's threads sleep when they wait (OMP_WAIT_POLICY=PASSIVE) instead of spinning: with the
+# two runs on two cores, a spinning thread takes the core its partner needs (a batch-1 decode loop
+# beside a busy core: 3.6-4.7 s spinning, 1.2 s sleeping; alone, 0.8-1.0 s and 1.4-1.6 s).
+test: export OMP_WAIT_POLICY = PASSIVE
 test: lint test-deps
 	@rest_log=$$(mktemp); \
 	$(PY) -m pytest -q -m "not ray" --durations=12 tests > $$rest_log 2>&1 & rest=$$!; \
