@@ -58,7 +58,7 @@ def shared_app(ray_cluster: "SessionCluster", tiny_model_dir: Path) -> "ClusterC
     from pdserve.tests.e2e.serve_replicas import shared_model
 
     config = ray_cluster.config([shared_model(tiny_model_dir)])
-    deploy(config)  # in place of any app up; there is none yet, but for a test run alone
+    deploy(config)  # its tests run before any other module deploys, so it replaces none
     return config
 
 
