@@ -29,8 +29,8 @@ def hf_greedy(model_dir: Path, requests: Sequence[tuple[list[int], int]]) -> lis
             for prompt, num_new in requests:
                 cache, ids, out = transformers.DynamicCache(), torch.tensor([prompt]), []
                 for _ in range(num_new):
-                    logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-                    out.append(int(logits.logits[0, -1].argmax()))
+                    step = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+                    out.append(int(step.logits[0, -1].argmax()))
                     ids = torch.tensor([[out[-1]]])
                 outputs.append(out)
     finally:
