@@ -34,7 +34,7 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kernels import native
 
 HF_BATCH_SIZE = 16
-MATMUL_SIZE = 2048  # [n, n] x [n, n]: large enough for MKL's peak, ~0.15 s on 2 cores (fp32)
+MATMUL_SIZE = 2048  # [n, n] x [n, n]: large enough for MKL's peak, small enough to repeat
 MATMUL_REPEATS = 5
 WARMUP_REQUESTS = 4
 
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     run_ours(llm, warmup)  # first-call costs (allocator, MKL buffers) out of both timings
     run_hf(hf, warmup, args.hf_batch_size, pad_id)
     # Ours runs before and after transformers, from a cold prefix cache each time, and the ratio
-    # takes the mean: this VM's speed drifts by tens of percent within a minute.
+    # takes the mean: this VM's speed drifts within a minute (docs/benchmarks.md).
     ours_before = run_ours(llm, workload).seconds
     theirs = run_hf(hf, workload, args.hf_batch_size, pad_id)
     ours_after = run_ours(_cold(llm), workload).seconds

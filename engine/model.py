@@ -23,7 +23,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 and cast back before the weight, exactly as transformers does. In fp32
         # torch's fused rms_norm rounds the same (bitwise equal on the presets' shapes) in one op
-        # instead of six: 36 against 59 us for one row on the dev VM.
+        # instead of six, which is faster (docs/benchmarks.md, "Measurements behind the code's
+        # choices").
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()

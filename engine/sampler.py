@@ -132,7 +132,7 @@ class Sampler:
         logits = on_rows(logits, params, lambda p: p.top_p < 1, apply_top_k_top_p)
         probs = logits.softmax(dim=-1)
         # argmax(probs / q) with q = -log(u) ~ Exp(1) is a draw from probs (the Gumbel-max trick;
-        # uniform_ + log is ~3x cheaper than exponential_ on CPU). Seeded rows draw u from their
+        # uniform_ + log is cheaper than exponential_ on CPU). Seeded rows draw u from their
         # own generator only, so their tokens do not depend on the rest of the batch.
         u = torch.empty_like(probs)
         unseeded = [i for i, r in enumerate(rows) if r.generator is None]

@@ -1,6 +1,6 @@
 """Paged attention in plain PyTorch: the CPU path, and the reference for the Triton kernels.
 
-Shapes (one layer's view of the block-major cache, DESIGN §4):
+Shapes (one layer's view of the block-major cache of ``engine/kv_cache.py``):
   kv_cache: [num_blocks, 2, block_size, Hkv, D], not contiguous (blocks interleave with the other
             layers); index 0 of dim 1 is the key, 1 the value; slot s is block s // block_size, row
             s % block_size.
@@ -8,8 +8,9 @@ Shapes (one layer's view of the block-major cache, DESIGN §4):
             decode may still gather them, so they must be valid block ids (or -1, read as the last).
 
 Attention runs in fp32 whatever the cache dtype: the gathered K/V are upcast once. On CPUs
-without AVX512-BF16, torch's bf16 SDPA at query length 1 is 2-3x slower than upcasting and running
-fp32 SDPA, and fp32 accumulation is what we want anyway. Unwritten cache rows must hold finite
+without AVX512-BF16, torch's bf16 SDPA at query length 1 is slower than upcasting and running fp32
+SDPA, and fp32 accumulation is what we want anyway (the figures behind this and each choice below:
+docs/benchmarks.md, "Measurements behind the code's choices"). Unwritten cache rows must hold finite
 values (allocate the cache with zeros): padding rows are masked out of the softmax but are still
 multiplied by their zero weights.
 """
@@ -18,13 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Decode gathers K/V for a run of sequences at a time, at most this many fp32 bytes of K+V.
-# Beyond ~32 MB glibc serves each gather with a fresh mmap, and faulting its pages in costs more
-# than the copy (batch 32 x context 1024 of the 125M model, 2 threads: 46 -> 31 ms per layer).
+# Decode gathers K/V for a run of sequences at a time, at most this many fp32 bytes of K+V: a
+# larger gather glibc serves with a fresh mmap, and faulting its pages in costs more than the copy.
 DECODE_GATHER_BYTES = 8 << 20
 # A run of decode sequences pads K/V to its longest; past this many padding positions, a new
-# run (a dozen more ops, ~60 us on one core) is cheaper than gathering and attending to them
-# (~0.3 us a position per layer on one core, tiny preset).
+# run (a dozen more ops) is cheaper than gathering and attending to them.
 DECODE_PADDING_TOKENS = 256
 
 
@@ -42,7 +41,7 @@ def write_kv(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor)
 
 def _gather(kv_cache: Tensor, block_table: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
     # block_table: [..., n] -> keys and values of the first seq_len positions of those blocks, as
-    # fp32 [..., Hkv, seq_len, D]. index_select on the K and V halves is ~10x faster here than
+    # fp32 [..., Hkv, seq_len, D]. index_select on the K and V halves is much faster here than
     # advanced indexing of the cache; it refuses the -1 padding of block tables, whose rows are
     # masked anyway, so clamp it to 0.
     ids = block_table.flatten().clamp(min=0)
@@ -79,7 +78,7 @@ def prefill_attention(
         if q_len == 0:
             continue
         num_blocks = -(-seq_len // block_size)
-        # 4-D inputs: with 3-D ones CPU SDPA falls back to its math kernel, ~5x slower at 2k tokens.
+        # 4-D inputs: with 3-D ones CPU SDPA falls back to its slower math kernel.
         table = block_tables[b : b + 1, :num_blocks]  # [1, n]
         k, v = _gather(kv_cache, table, seq_len)  # [1, Hkv, S, D]
         q = query[start:end].transpose(0, 1)[None].float()  # [1, Hq, q_len, D]
@@ -104,9 +103,8 @@ def decode_attention(
 
     query: [B, Hq, D]; seq_lens: [B] int32, each >= 1; returns [B, Hq, D] in query's dtype.
     """
-    # One masked SDPA per run of neighbouring sequences, K/V padded to the run's longest. At
-    # batch 1-32 and context 64-1024 (fp32 and bf16, 1-2 threads) that matched or beat batched
-    # matmuls (up to 4x) and a loop over sequences (up to 3x). Callers that order sequences by
+    # One masked SDPA per run of neighbouring sequences, K/V padded to the run's longest: it
+    # matched or beat batched matmuls and a loop over sequences. Callers that order sequences by
     # length (the runner does) get runs of similar lengths, so little padding.
     lens = seq_lens.tolist()
     if not lens:
@@ -161,8 +159,7 @@ def _decode(
         valid = torch.arange(max_len, device=query.device) < seq_lens[:, None]  # [b, max_len]
         mask = valid[:, None, None, :]
     # The query heads sharing a kv head attend as that head's `group` query rows, so SDPA takes
-    # each kv head's K/V once per group, not once per query head as with enable_gqa (batch 48,
-    # ~800 positions, 1 thread: 7.9 against 9.8 ms).
+    # each kv head's K/V once per group, not once per query head as with enable_gqa.
     b, num_kv_heads, head_dim = query.shape[0], k.shape[1], query.shape[2]
     q = query.view(b, num_kv_heads, -1, head_dim).float()  # [b, Hkv, group, D]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 _RELEASE = "release"
 # A transfer is posted this many bytes of blocks at a time, and each poll posts chunks for about
-# this long (see nixl_xfer): over cma, 4 MiB is a few ms of copying.
+# this long (see nixl_xfer), so the engine loop never waits on a whole copy (docs/benchmarks.md,
+# "KV transfer between two workers").
 CHUNK_BYTES = 4 * 2**20
 POST_BUDGET_SECONDS = 0.005
 # The longest UCX's progress thread sleeps between looks when no event wakes it.

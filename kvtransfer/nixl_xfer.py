@@ -1,7 +1,7 @@
 """One NIXL READ, posted a chunk of blocks at a time so that no call holds its caller long.
 
 Over UCX's cma (host memory between processes) a post does the whole copy in the caller's thread:
-posted at once, a 2,048-token prompt would hold a decode loop for tens of ms. So each ``poll``
+posted at once, a long prompt's blocks would hold a decode loop for the whole copy. So each ``poll``
 posts chunks until it has spent ``post_budget`` seconds (at least one chunk); an engine loop that
 polls between steps interleaves the copy with them. Where posts return at once (GPU memory, RDMA)
 every chunk goes out in the first poll. The notification rides on the last chunk only, posted once

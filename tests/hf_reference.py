@@ -20,9 +20,8 @@ def hf_greedy(model_dir: Path, requests: Sequence[tuple[list[int], int]]) -> lis
         model_dir, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     outputs, threads = [], torch.get_num_threads()
-    # On one thread: as fast as on two on the tiny model (49 and 48 s for test_batching_invariance's
-    # 64 requests, the same tokens), and twice as fast beside another busy process (make test runs
-    # two), where two threads wait on each other.
+    # On one thread: as fast as on two on the tiny model, and faster beside another busy process
+    # (make test runs two), where two threads wait on each other (docs/benchmarks.md).
     torch.set_num_threads(1)
     try:
         with torch.inference_mode():

@@ -40,7 +40,7 @@ def test_arrivals_are_seeded_poisson_or_all_at_once() -> None:
     assert arrival_offsets(3, math.inf, seed=0) == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.slow  # the app deployed twice: 40-110 s on a busy 2-core machine
+@pytest.mark.slow  # the app deployed twice
 def test_every_run_reports_its_workload_and_consistent_figures(
     ray_cluster, tiny_model_dir: Path
 ) -> None:

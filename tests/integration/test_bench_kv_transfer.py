@@ -18,7 +18,7 @@ def test_reader_block_ids_are_distinct_and_not_the_owners() -> None:
     assert ids != list(range(64)) and ids == bench.reader_block_ids(64, seed=0)
 
 
-@pytest.mark.slow  # two actors: ~15 s on a busy 2-core machine
+@pytest.mark.slow  # two Ray actors, and a transfer in each mode
 def test_every_mode_reports_and_lands_bit_identical(ray_cluster, tiny_model_dir: Path) -> None:
     pdserve = Path(sys.executable).with_name("pdserve")
     argv = ["--model", str(tiny_model_dir), "--repeats", "1", "--warmup", "1"]

@@ -20,7 +20,7 @@ HF_BATCH_SIZE = 8  # two static batches of the 16 quick requests
 @pytest.fixture(autouse=True, scope="module")
 def one_thread() -> Iterator[None]:
     # With other tests running beside this one, torch's two OpenMP workers wait on each other at
-    # every op: the quick workload took ~70 s on 2 threads under load against ~4 s on one.
+    # every op, so one thread runs the quick workload many times faster (docs/benchmarks.md).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
