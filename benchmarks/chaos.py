@@ -34,6 +34,7 @@ from pdserve.benchmarks.serve_bench.datasets import (
     make_requests,
     word_pool,
 )
+from pdserve.cluster.ray_driver import init_ray
 from pdserve.engine.tokenizer import Tokenizer
 
 DATASET = "random"
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     )
     draw = Draw(Tokenizer.from_pretrained(args.tokenizer), shape, args.seed)
     model = args.model or asyncio.run(_first_model(args.url))
-    ray.init(address=args.address, log_to_driver=False)
+    init_ray(address=args.address, log_to_driver=False)
     try:
         start_stats = pool_stats(model, args.settle_timeout)
         migrated_before = migrations(model)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from pdserve.cluster.ray_driver import init_ray
 from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.kv_cache import allocate_kv_cache, kv_block_bytes
 
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()[0]
     # "local": a Ray of our own, never one that `ray start` left running on this machine.
     own = {} if args.address else {"num_cpus": 2, "include_dashboard": False}
-    ray.init(address=args.address or "local", log_to_driver=False, **own)
+    init_ray(address=args.address or "local", log_to_driver=False, **own)
     try:
         owner, reader = peers.start_peers(str(args.model), max_blocks, args)
         actor_threads = ray.get(owner.num_threads.remote())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pdserve.cluster.access import API_KEY_ENV, warn_if_open
 from pdserve.cluster.prometheus import PrometheusServer, local_url, prometheus_binary
+from pdserve.cluster.ray_driver import init_ray
 from pdserve.cluster.serve_env import apply_serve_env
 from pdserve.serving.config import (
     DEFAULT_GRPC_PORT,
@@ -184,14 +185,12 @@ def connect(
     processes of this job (Serve's among them, if it starts them) get Serve's settings and
     ``env_vars``.
     """
-    import ray
-
     env_vars = apply_serve_env() | (env_vars or {})
     # "local": a new cluster, never one a stray `ray start` left behind.
     global _joined
     _joined = address is not None and address != "local"
     local = {"_system_config": {"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS}}
-    ray.init(
+    init_ray(
         address=address or "local",
         include_dashboard=dashboard,
         dashboard_host=LOOPBACK,

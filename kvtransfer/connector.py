@@ -28,14 +28,12 @@ from pdserve.kvtransfer.handles import (
     PeerInfo,
 )
 from pdserve.kvtransfer.layout import KVLayout
-from pdserve.kvtransfer.leases import LeaseTable
+from pdserve.kvtransfer.leases import DEFAULT_LEASE_SECONDS, LeaseTable
 from pdserve.kvtransfer.stats import TransferStats
-from pdserve.kvtransfer.transfer import Transfer
+from pdserve.kvtransfer.transfer import DEFAULT_TIMEOUT_SECONDS, Transfer
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LEASE_SECONDS = 30.0
-DEFAULT_TIMEOUT_SECONDS = 10.0
 # A pull must be able to finish this long before the owner's lease ends, or it is not started.
 LEASE_MARGIN_SECONDS = 1.0
 

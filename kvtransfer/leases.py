@@ -5,6 +5,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# How long an export's blocks wait for their reader (``kv_transfer.lease_seconds``).
+DEFAULT_LEASE_SECONDS = 30.0
+
 
 @dataclass
 class _Lease:

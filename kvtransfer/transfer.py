@@ -6,6 +6,9 @@ from collections.abc import Callable
 from pdserve.kvtransfer.handles import KVTransferError
 from pdserve.kvtransfer.stats import TransferStats
 
+# How long a transfer may stay in flight before it fails (``kv_transfer.timeout_seconds``).
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
 # poll_fn returns True when the bytes are in place, False while in flight; raises on failure.
 PollFn = Callable[[], bool]
 

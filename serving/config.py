@@ -4,6 +4,7 @@ pydantic validates at the YAML/CLI edge; the engine still takes its frozen ``Eng
 built here from each model's ``engine`` section (the same names as ``EngineConfig``'s fields).
 """
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,28 +19,40 @@ from pydantic import (
     model_validator,
 )
 
-from pdserve.engine.config import EngineConfig
+from pdserve.engine.config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    EngineConfig,
+)
+from pdserve.kvtransfer.leases import DEFAULT_LEASE_SECONDS
+from pdserve.kvtransfer.transfer import DEFAULT_TIMEOUT_SECONDS
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 9000
 # Prompts with fewer uncached tokens than this prefill on the decode replica (aggregated path).
 DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 128
 DEFAULT_ROUTING_STATS_PERIOD_S = 0.5
-# A prefill replica with this many prompt tokens queued is saturated: 8 of the engine's default
-# 2,048-token steps.
-DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 16384
-DEFAULT_MAX_ONGOING_REQUESTS = 256  # the engine's default max_num_seqs
+# A prefill replica with this many prompt tokens queued is saturated: two of the engine's default
+# steps (max_num_batched_tokens).
+DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 2 * DEFAULT_MAX_NUM_BATCHED_TOKENS
+DEFAULT_MAX_ONGOING_REQUESTS = DEFAULT_MAX_NUM_SEQS  # a replica's calls: what its engine batches
 # A replica being removed (scale-down, redeploy) takes no new requests and has this long to finish
 # its streams: a 1,000-token completion at 50 ms a token (Serve's own default is 20 s).
 DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S = 60.0
 DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
 # Requests of one model the router has in flight before it answers 429 (TGI's name for the knob):
 # four decode replicas' worth of the engine's default max_num_seqs.
-DEFAULT_MAX_CONCURRENT_REQUESTS = 1024
+DEFAULT_MAX_CONCURRENT_REQUESTS = 4 * DEFAULT_MAX_NUM_SEQS
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0  # vLLM's
 DEFAULT_MIGRATION_LIMIT = 3  # a request outlives this many lost decode replicas (Dynamo's knob)
 DEFAULT_PROMETHEUS_PORT = 9090  # Prometheus' own
 DEFAULT_PLANNER_INTERVAL_S = 30.0
+
+
+def absolute_path(path: str) -> str:
+    """``path`` made absolute against this process's working directory: the processes Ray starts
+    work elsewhere (cluster/ray_driver.py)."""
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def pool_deployment(role: str, model: str) -> str:
@@ -116,6 +129,11 @@ class PlannerConfig(_Strict):
     max_step: int = Field(1, ge=1)  # most replicas a pool gains or loses per interval
     scale_down_intervals: int = Field(2, ge=1)  # intervals in a row wanting fewer, then down
 
+    @field_validator("profile")
+    @classmethod
+    def _profile_is_absolute(cls, path: str | None) -> str | None:
+        return None if path is None else absolute_path(path)
+
     @model_validator(mode="after")
     def _profile_when_enabled(self) -> "PlannerConfig":
         if self.enabled and self.profile is None:
@@ -131,8 +149,8 @@ class KVTransferConfig(_Strict):
     """Decode replicas pull (NIXL READ); a failed transfer is recomputed on the decode replica."""
 
     backend: Literal["auto", "nixl", "object_store"] = "auto"
-    lease_seconds: float = Field(30.0, gt=0)
-    timeout_seconds: float = Field(10.0, gt=0)
+    lease_seconds: float = Field(DEFAULT_LEASE_SECONDS, gt=0)
+    timeout_seconds: float = Field(DEFAULT_TIMEOUT_SECONDS, gt=0)
 
 
 class ServedModel(_Strict):
@@ -154,6 +172,11 @@ class ServedModel(_Strict):
     migration_limit: int = Field(DEFAULT_MIGRATION_LIMIT, ge=0)
     # Past this many of the model's requests in flight in the router, one more gets 429 at once.
     max_concurrent_requests: int = Field(DEFAULT_MAX_CONCURRENT_REQUESTS, ge=1)
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, path: str) -> str:
+        return absolute_path(path)
 
     @field_validator("decode")
     @classmethod

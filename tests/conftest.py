@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 # The tests' clusters run Serve as `pdserve serve` does; this must come before ray.serve's import.
 apply_serve_env()
+# The interpreters the tests start never put their working directory, a checkout, first on
+# sys.path (tests/shadowing.py).
+os.environ["PYTHONSAFEPATH"] = "1"
 
 SHARED_APP = "shared_app"  # the fixture's name, by which its tests are ordered
 

@@ -2,7 +2,8 @@
 size both pools in one decision, and hold it to each pool's bounds, step and hysteresis.
 
 Pure: what the cluster showed comes in as an ``Observation`` (``prometheus_source.py`` reads it
-from Prometheus), the replica counts go out in a ``Decision`` (``planner.py`` applies them).
+from Prometheus), the replica counts go out in a ``Decision`` (``deployment.py`` applies them
+through ``serve_scaler.py``).
 """
 
 from dataclasses import dataclass

@@ -96,3 +96,14 @@ def test_models_in_flight_stay_below_the_routers_serve_bound() -> None:
     assert ClusterConfig(models=two, router_max_ongoing_requests=101).api_keys == []
     with pytest.raises(pydantic.ValidationError, match=r"must exceed .* together \(100\)"):
         ClusterConfig(models=two, router_max_ongoing_requests=100)
+
+
+def test_relative_paths_are_made_absolute_where_the_config_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray's processes work in another folder (cluster/ray_driver.py): they get absolute paths.
+    monkeypatch.chdir(tmp_path)
+    planner = {"enabled": True, "profile": "profile.json"}
+    config = ClusterConfig(models=[_model(path="models/tiny")], planner=planner)
+    assert config.models[0].path == str(tmp_path / "models" / "tiny")
+    assert config.planner.profile == str(tmp_path / "profile.json")
