@@ -4,29 +4,46 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= models/tiny
 UV := $(VENV)/bin/uv
+UV_VERSION ?= 0.13.9
+# The exact dependency set, with hashes, that `make setup` installs (`make lock` writes it anew).
+LOCK := requirements.lock
+# What the lock and the newest-versions check hold fixed whatever PyPI has: torch's CPU build.
+CONSTRAINTS := constraints.txt
 # Python keeps the bytecode it compiles (in __pycache__, git-ignored) even where the environment
-# says not to: without it every process compiles its imports again (torch, ray: 8.7 s of CPU for a
-# decode replica's imports, 3.6 s with it), and the tests start dozens of replicas and interpreters.
+# says not to: without it every process compiles its imports again, and the tests start dozens of
+# replicas and interpreters.
 unexport PYTHONDONTWRITEBYTECODE
-# torch comes first and pinned: on this machine 2.13.0 is the CPU build on local disk (WHEELS), while
-# an unpinned torch would pull a multi-GB CUDA build.
-TORCH_SPEC ?= torch==2.13.0
+# No Python started here puts the working directory (a checkout: its folders `kernels`, `engine`,
+# ... are pdserve's subpackages) first on sys.path, where it would shadow PyPI packages of the
+# same names; `python -m pytest` and `python -c` otherwise do.
+export PYTHONSAFEPATH = 1
+# torch 2.13.0's CPU build lies on this machine's disk (WHEELS); PyPI's is a multi-GB CUDA build.
 WHEELS ?= /opt/wheels
-# uv installs what pip would, in a tenth of the time (25 s against 3 min here); it reads no pip
-# config, so the local wheels are named to it.
-UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
+# uv installs what pip would, in a tenth of the time; it reads no pip config, so the local wheels
+# are named to it.
+FIND_LINKS = $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
+UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(FIND_LINKS)
 
-.PHONY: setup test test-fast test-deps lint serve demo model clean
+.PHONY: setup lock test test-fast test-newest test-deps lint serve demo model clean
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q uv
-	$(UV_INSTALL) "$(TORCH_SPEC)"
-	$(UV_INSTALL) -e '.[dev]'
+# A fresh environment, exactly the lock: a changed lock is a new environment, not an upgrade of
+# the old one, so nothing the lock dropped stays behind.
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	$(PYTHON) -m venv --clear $(VENV)
+	$(PY) -m pip install -q "uv==$(UV_VERSION)"
+	$(UV_INSTALL) --require-hashes -r $(LOCK)
+	$(UV_INSTALL) --no-deps -e .
 	$(VENV)/bin/pdserve build-kernels
 	touch $@
 
 setup: $(VENV)/.installed
+
+# Resolves the newest versions pyproject allows (for Python 3.11 on x86-64 Linux, torch held by
+# the constraints) into the lock, with every file's hash. Commit it once `make test` passes on it.
+lock: setup
+	$(UV) pip compile pyproject.toml --extra dev --upgrade --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 $(FIND_LINKS) -c $(CONSTRAINTS) \
+		--custom-compile-command "make lock" -q -o $(LOCK)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -43,10 +60,9 @@ test-deps:
 # Two pytest runs side by side: the tests that use Ray (one cluster, in order) and the rest, which
 # run in the Ray tests' waits. The Ray run reports as it goes, the other when both are done.
 # Ray starts its workers (the replicas) at niceness 15: beside the other run's busy process, at 0,
-# they got a few percent of a core (a deployment took 211 s, not 41). Here they start at 0 too.
-# OpenMP's threads sleep when they wait (OMP_WAIT_POLICY=PASSIVE) instead of spinning: with the
-# two runs on two cores, a spinning thread takes the core its partner needs (a batch-1 decode loop
-# beside a busy core: 3.6-4.7 s spinning, 1.2 s sleeping; alone, 0.8-1.0 s and 1.4-1.6 s).
+# they got a few percent of a core. Here they start at 0 too. OpenMP's threads sleep when they
+# wait (OMP_WAIT_POLICY=PASSIVE) instead of spinning: with the two runs on two cores, a spinning
+# thread takes the core its partner needs (docs/benchmarks.md, "The test suite on two cores").
 test: export OMP_WAIT_POLICY = PASSIVE
 test: lint test-deps
 	@rest_log=$$(mktemp); \
@@ -60,6 +76,23 @@ test: lint test-deps
 test-fast: setup
 	$(PY) -m pytest -q tests/unit -m "not slow"
 
+# What a `pip install` user gets today: the newest versions pyproject allows, in a scratch
+# environment, through the unit tier; then the versions that differ from the lock.
+NEWEST ?= .venv-newest
+test-newest: export OMP_WAIT_POLICY = PASSIVE
+test-newest: setup
+	$(PYTHON) -m venv --clear $(NEWEST)
+	$(NEWEST)/bin/python -m pip install -q "uv==$(UV_VERSION)"
+	UV_LINK_MODE=copy $(NEWEST)/bin/uv pip install -q --python $(NEWEST)/bin/python $(FIND_LINKS) \
+		--upgrade -c $(CONSTRAINTS) -e '.[dev]'
+	$(NEWEST)/bin/pdserve build-kernels
+	$(NEWEST)/bin/python -m pytest -q tests/unit
+	@grep -E '^[a-z0-9]' $(LOCK) | cut -d' ' -f1 | sort > $(NEWEST)/lock.txt
+	@$(NEWEST)/bin/uv pip freeze --python $(NEWEST)/bin/python --exclude-editable | \
+		grep -vE '^(pip|uv)==' | sort > $(NEWEST)/newest.txt
+	@echo "--- versions that differ: < $(LOCK), > newest ---"
+	@diff $(NEWEST)/lock.txt $(NEWEST)/newest.txt || true
+
 model: setup
 	$(VENV)/bin/pdserve make-model --preset tiny --out $(MODEL_DIR)
 
@@ -71,4 +104,4 @@ demo: model
 	$(VENV)/bin/pdserve generate --model $(MODEL_DIR) --prompt "The cache holds" --max-tokens 24
 
 clean:
-	rm -rf $(VENV) models
+	rm -rf $(VENV) $(NEWEST) models
