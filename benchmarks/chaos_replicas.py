@@ -6,12 +6,12 @@ count. What a replica is and how its stats are read: ``cluster/replicas.py``.
 import random
 import time
 
-import ray
 from ray import serve
 
-from pdserve.cluster.replicas import SERVE_NAMESPACE, live_replica_stats, live_replicas
+from pdserve.cluster.replicas import live_replica_stats, live_replicas
 from pdserve.cluster.serve import APP_NAME
 from pdserve.serving.config import pool_deployment
+from pdserve.serving.ray_compat import kill_replica_actor
 
 ROLES = ("prefill", "decode")
 POLL_S = 0.5
@@ -24,7 +24,7 @@ def kill_replica(deployment: str, rng: random.Random) -> str | None:
     if not replicas:
         return None
     replica = rng.choice(sorted(replicas))
-    ray.kill(ray.get_actor(replicas[replica], namespace=SERVE_NAMESPACE))
+    kill_replica_actor(replicas[replica])
     return replica
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
 
 from pdserve.cluster.access import api_keys
 from pdserve.cluster.planner.deployment import Planner
@@ -22,6 +21,7 @@ from pdserve.router.api_keys import key_digest
 from pdserve.router.ingress import Router
 from pdserve.router.kv_routing import KVAwareRouter
 from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel, pool_deployment
+from pdserve.serving.ray_compat import RequestRouterConfig
 
 ROUTER_NUM_CPUS = 0.0
 PLANNER_NUM_CPUS = 0.0

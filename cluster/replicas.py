@@ -1,44 +1,34 @@
 """A driver's view of a running app's worker replicas: which are live, and each one's stats.
 
-Serve names a replica's actor ``SERVE_REPLICA::<app>#<deployment>#<replica id>``; the id is the
-one a replica reports in its stats (``serving/replica.py:replica_stats``). Stats come from
-Serve's broadcast, one call to each replica: a call routed by load would never reach a busy
-replica while an idle one answers.
+A replica's id is the one it reports in its stats (``serving/replica.py:EngineReplica.stats``).
+Stats come from Serve's broadcast, one call to each replica: a call routed by load would never
+reach a busy replica while an idle one answers.
 """
 
 import time
 
-import ray
 from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from pdserve.cluster.serve import APP_NAME
+from pdserve.serving.ray_compat import broadcast, replica_actors
 
-SERVE_NAMESPACE = "serve"  # where Serve's controller and replica actors live
-REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
 STATS_CALL_S = 10.0  # one stats call: a replica busy with a long step answers within it
 POLL_S = 0.2
 
 
 def live_replicas(deployment: str) -> dict[str, str]:
     """The deployment's live replica actors: replica id -> actor name. One still starting counts
-    (its actor is up before its engine). From the GCS's named actors, so no dashboard is needed
-    (Ray's state API needs one)."""
-    prefix = f"{REPLICA_ACTOR_PREFIX}{APP_NAME}#{deployment}#"
-    actors = ray.util.list_named_actors(all_namespaces=True)
-    return {
-        actor["name"].removeprefix(prefix): actor["name"]
-        for actor in actors
-        if actor["namespace"] == SERVE_NAMESPACE and actor["name"].startswith(prefix)
-    }
+    (its actor is up before its engine)."""
+    return replica_actors(APP_NAME, deployment)
 
 
-def replica_stats(deployment: str, timeout_s: float = STATS_CALL_S) -> dict[str, dict]:
+def answering_replica_stats(deployment: str, timeout_s: float = STATS_CALL_S) -> dict[str, dict]:
     """The stats of each replica this process's handle knows of that answers within
     ``timeout_s``, by replica id. One killed a moment ago, or still starting, is missing."""
     handle = serve.get_deployment_handle(deployment, app_name=APP_NAME)
     try:
-        answers = handle.broadcast("stats").results(timeout_s=timeout_s, return_exceptions=True)
+        answers = broadcast(handle, "stats", timeout_s)
     except (DeploymentUnavailableError, TimeoutError):
         return {}
     return {answer["replica"]: answer for answer in answers if isinstance(answer, dict)}
@@ -53,7 +43,8 @@ def live_replica_stats(deployment: str, deadline: float) -> dict[str, dict | Non
         live = live_replicas(deployment)  # a dead one gone from the list, a replacement in it
         if not live:
             return {}
-        heard |= replica_stats(deployment, min(STATS_CALL_S, max(0.0, deadline - time.monotonic())))
+        timeout_s = min(STATS_CALL_S, max(0.0, deadline - time.monotonic()))
+        heard |= answering_replica_stats(deployment, timeout_s)
         if live.keys() <= heard.keys() or time.monotonic() >= deadline:
             return {replica: heard.get(replica) for replica in live}
         time.sleep(POLL_S)

@@ -15,7 +15,8 @@ cluster we start inherits them; on a running one, set them where its nodes start
 
 import logging
 import os
-import sys
+
+from pdserve.serving.ray_compat import serve_throughput_optimized
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,11 @@ def apply_serve_env() -> dict[str, str]:
     to Ray processes. Warns if Serve was imported before, with other settings."""
     for name, value in SERVE_ENV.items():
         os.environ.setdefault(name, value)
-    if "ray.serve._private.constants" in sys.modules:
-        from ray.serve._private import constants
-
-        wanted = os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
-        if wanted != constants.RAY_SERVE_THROUGHPUT_OPTIMIZED:
-            logger.warning(
-                "ray.serve was imported before its settings were applied: the handles made in "
-                "this process use Serve's defaults (see pdserve.cluster.serve_env)"
-            )
+    in_effect = serve_throughput_optimized()
+    wanted = os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    if in_effect is not None and in_effect != wanted:
+        logger.warning(
+            "ray.serve was imported before its settings were applied: the handles made in "
+            "this process use Serve's defaults (see pdserve.cluster.serve_env)"
+        )
     return {name: os.environ[name] for name in SERVE_ENV}

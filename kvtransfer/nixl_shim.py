@@ -2,13 +2,24 @@
 
 On PyPI NIXL installs as ``nixl_cu12``; its agent and config live in ``nixl_cu12._api``. When
 neither imports, ``nixl_agent`` is None and ``IMPORT_ERROR`` says why, for the fallback's log line.
+This is also the one place that reaches NIXL's private binding (``_api.nixlBind``, in
+``make_agent``); ``tests/unit/test_nixl_shim.py`` touches what it uses.
 """
 
 import threading
 from types import ModuleType
 from typing import Any
 
-__all__ = ["IMPORT_ERROR", "make_agent", "nixl_agent", "nixl_agent_config", "nixl_available"]
+__all__ = [
+    "IMPORT_ERROR",
+    "NIXL_VERSION",
+    "make_agent",
+    "nixl_agent",
+    "nixl_agent_config",
+    "nixl_available",
+]
+
+NIXL_VERSION = "1.5.1"  # the one this module was written and tested against
 
 nixl_agent: Any = None
 nixl_agent_config: Any = None

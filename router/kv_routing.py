@@ -1,5 +1,6 @@
-"""The worker pools' Serve ``RequestRouter`` (Serve's alpha API; our only use of it is this
-module): it sends a request where the pool's ``PoolPlacement`` (``placement.py``) puts it.
+"""The worker pools' Serve ``RequestRouter`` (Serve's alpha API, reached through
+``serving/ray_compat.py``): it sends a request where the pool's ``PoolPlacement``
+(``placement.py``) puts it.
 
 Serve hands this router each replica's routing stats (its load and KV events); the router passes
 them on to the placement and tells it where each request went. A request the ingress placed
@@ -11,16 +12,15 @@ rank, for Serve to try if the first refuses.
 import random
 from typing import Any
 
-from ray.serve.request_router import (
+from pdserve.router.placement import PoolPlacement, Role, register
+from pdserve.serving.messages import GenerateRequest, RemotePrefilled
+from pdserve.serving.ray_compat import (
     FIFOMixin,
     PendingRequest,
     ReplicaID,
     RequestRouter,
     RunningReplica,
 )
-
-from pdserve.router.placement import PoolPlacement, Role, register
-from pdserve.serving.messages import GenerateRequest, RemotePrefilled
 
 
 class KVAwareRouter(FIFOMixin, RequestRouter):

@@ -119,7 +119,7 @@ def session_cluster(workdir: Path) -> Iterator[SessionCluster]:
     saved = {name: os.environ.get(name) for name in AUTOSCALER_ENV}
     os.environ.update(AUTOSCALER_ENV)  # the head's autoscaler process inherits them
     gcs_port = free_port()
-    address = f"{ray._private.services.get_node_ip_address()}:{gcs_port}"
+    address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
     autoscaling = workdir / "fake-cluster.json"
     autoscaling.write_text(json.dumps(fake_autoscaling_config(address)))
     nodes = Cluster(

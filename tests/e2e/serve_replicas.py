@@ -55,10 +55,12 @@ def token_ids(tokens: list[str]) -> list[int]:
     return [int(token.removeprefix("token_id:")) for token in tokens]
 
 
-def replica_stats(deployment: str, num_replicas: int, timeout: float = 60.0) -> dict[str, dict]:
+def wait_replica_stats(
+    deployment: str, num_replicas: int, timeout: float = 60.0
+) -> dict[str, dict]:
     """Each replica's stats by replica id, once all ``num_replicas`` of them answer."""
     deadline = time.monotonic() + timeout
-    while len(stats := replicas.replica_stats(deployment)) != num_replicas:
+    while len(stats := replicas.answering_replica_stats(deployment)) != num_replicas:
         assert time.monotonic() < deadline, f"{len(stats)} of {num_replicas} {deployment}"
         time.sleep(replicas.POLL_S)
     return stats
@@ -70,7 +72,7 @@ def wait_all_free(pools: dict[str, int], timeout: float = 60.0) -> dict[str, dic
     while True:
         stats = {}
         for deployment, num_replicas in pools.items():
-            stats |= replica_stats(deployment, num_replicas)
+            stats |= wait_replica_stats(deployment, num_replicas)
         if all(s["num_free_blocks"] == s["num_blocks"] for s in stats.values()):
             return stats
         if time.monotonic() > deadline:

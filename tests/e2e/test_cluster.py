@@ -33,9 +33,9 @@ from pdserve.tests.e2e.serve_replicas import (
     SHARED_POOLS,
     offline_greedy,
     random_prompts,
-    replica_stats,
     token_ids,
     wait_all_free,
+    wait_replica_stats,
 )
 from pdserve.tests.hf_reference import hf_greedy
 
@@ -104,7 +104,7 @@ def _post(url: str, body: bytes) -> urllib.request.Request:
 
 
 def _decode_stats() -> dict[str, dict]:
-    return replica_stats(f"decode-{MODEL}", 2)
+    return wait_replica_stats(f"decode-{MODEL}", 2)
 
 
 @pytest.mark.parametrize("stream", [False, True])

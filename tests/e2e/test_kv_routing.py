@@ -10,7 +10,7 @@ serve two models of one app, each with pools of its own.
 import openai
 import pytest
 
-from pdserve.tests.e2e.serve_replicas import random_prompts, replica_stats, wait_all_free
+from pdserve.tests.e2e.serve_replicas import random_prompts, wait_all_free, wait_replica_stats
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def cluster(ray_cluster, tiny_model_dir):
 
 
 def _prefill_hits(model: str) -> int:
-    return sum(s["prefix_cache_hits"] for s in replica_stats(f"prefill-{model}", 2).values())
+    return sum(s["prefix_cache_hits"] for s in wait_replica_stats(f"prefill-{model}", 2).values())
 
 
 def _run_families(http_port: int, model: str, seed: int) -> int:

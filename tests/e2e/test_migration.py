@@ -25,7 +25,7 @@ import pytest
 from ray.util.state import list_actors
 
 from pdserve.benchmarks.chaos_replicas import migrations
-from pdserve.cluster.replicas import replica_stats
+from pdserve.cluster.replicas import answering_replica_stats
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.router.grpc_service import pb, pb_grpc
@@ -169,7 +169,7 @@ def _wait_for_two_decode_replicas() -> None:
 def _running_by_replica() -> dict[str, int]:
     """Requests running or waiting on each decode replica that answers: a killed one's successor
     may still be starting, and this process's handle may not know yet of one killed just now."""
-    stats = replica_stats(DECODE)
+    stats = answering_replica_stats(DECODE)
     return {replica: s["num_running"] + s["num_waiting"] for replica, s in stats.items()}
 
 

@@ -23,9 +23,9 @@ from pdserve.kvtransfer.nixl_shim import nixl_available
 from pdserve.tests.e2e.serve_replicas import (
     offline_greedy,
     random_prompts,
-    replica_stats,
     token_ids,
     wait_all_free,
+    wait_replica_stats,
 )
 from pdserve.tests.ray_cluster import POOL_RESOURCES
 
@@ -110,7 +110,7 @@ def test_remote_greedy_equals_offline_and_kv_moves_over_nixl(client, prompts, ex
     after = router.route_decisions.remote().result()[MODEL]
     assert after["remote"] == before.get("remote", 0) + len(prompts)
     assert after.get("local", 0) == before.get("local", 0)
-    (decode,) = replica_stats(f"decode-{MODEL}", 1).values()
+    (decode,) = wait_replica_stats(f"decode-{MODEL}", 1).values()
     assert decode["kv_num_transfers"] >= len(prompts)
     assert decode["kv_bytes_moved"] > 0
     assert decode["kv_transfer_failures"] == decode["kv_num_failures"] == 0

@@ -2,15 +2,14 @@
 check (defaults filled as ``ray up`` fills them), Serve configs ``ServeDeploySchema`` (the
 RayService's embedded one too), and each application's ``args`` pdserve's ``ClusterConfig``."""
 
-import copy
 from pathlib import Path
 
 import pytest
 import yaml
-from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
 
 from pdserve.serving.config import ClusterConfig
+from pdserve.serving.ray_compat import validate_ray_up_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RAY_UP = ["cluster.yaml", "cluster-local.yaml"]
@@ -21,12 +20,6 @@ def _load(name: str) -> dict:
     return yaml.safe_load((DEPLOY / name).read_text())
 
 
-def _check_ray_up(config: dict) -> dict:
-    prepared = prepare_config(copy.deepcopy(config))
-    validate_config(prepared)
-    return prepared
-
-
 def _check_serve(config: dict) -> None:
     ServeDeploySchema.model_validate(config)
     for app in config["applications"]:
@@ -35,11 +28,11 @@ def _check_serve(config: dict) -> None:
 
 @pytest.mark.parametrize("name", RAY_UP)
 def test_ray_up_configs_validate(name: str) -> None:
-    _check_ray_up(_load(name))
+    validate_ray_up_config(_load(name))
 
 
 def test_the_aws_cluster_has_a_node_type_per_pool_resource() -> None:
-    types = _check_ray_up(_load("cluster.yaml"))["available_node_types"]
+    types = validate_ray_up_config(_load("cluster.yaml"))["available_node_types"]
     resources = {name: spec["resources"] for name, spec in types.items()}
     assert "prefill_node" in resources["prefill_worker"]
     assert "decode_node" in resources["decode_worker"]
@@ -64,7 +57,7 @@ def test_the_checks_refuse_a_misspelled_key() -> None:
     broken = _load("cluster.yaml")
     broken["idle_timeout_minuts"] = 5
     with pytest.raises(Exception, match="idle_timeout_minuts"):
-        _check_ray_up(broken)
+        validate_ray_up_config(broken)
     broken = _load("serve.yaml")
     broken["applications"][0]["args"]["models"][0]["prefil"] = {"replicas": 1}
     with pytest.raises(ValueError, match="prefil"):
