@@ -67,29 +67,6 @@ def pin_process(core: int) -> None:
             os.sched_setaffinity(int(thread_id), {core})
 
 
-def replica_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
-    """A replica's state for routing and tests: engine stats, transfer counters, its id, its
-    process's resident memory (``pdserve bench chaos`` watches it across kills)."""
-    return {
-        "replica": serve.get_replica_context().replica_id.unique_id,
-        "rss_bytes": resident_set_bytes(),
-        **dataclasses.asdict(engine.stats),
-        "kv_pinned_blocks": connector.num_pinned_blocks,
-        "kv_transfer_failures": engine.num_transfer_failures,
-        **{f"kv_{name}": value for name, value in vars(connector.stats).items()},
-        "kv_num_failures": connector.stats.num_failures,
-    }
-
-
-def routing_stats(engine: AsyncLLMEngine, connector: KVConnector) -> dict:
-    """What the KV-aware router reads: the replica's stats, when, and its prefix cache's changes
-    (router/placement.py)."""
-    stats = {**replica_stats(engine, connector), "reported_at": time.time()}
-    if engine.kv_events is not None:
-        stats["kv_events"] = engine.kv_events.report()
-    return stats
-
-
 class EngineReplica:
     """What both pools' replicas share: the engine, its connector, metrics, stats and health."""
 
@@ -118,12 +95,25 @@ class EngineReplica:
         threading.Thread(target=self._report, name="pdserve-metrics", daemon=True).start()
 
     def stats(self) -> dict:
-        """This replica's engine and transfer state."""
-        return replica_stats(self.engine, self.connector)
+        """This replica's state for routing and tests: engine stats, transfer counters, its id,
+        its process's resident memory (``pdserve bench chaos`` watches it across kills)."""
+        return {
+            "replica": serve.get_replica_context().replica_id.unique_id,
+            "rss_bytes": resident_set_bytes(),
+            **dataclasses.asdict(self.engine.stats),
+            "kv_pinned_blocks": self.connector.num_pinned_blocks,
+            "kv_transfer_failures": self.engine.num_transfer_failures,
+            **{f"kv_{name}": value for name, value in vars(self.connector.stats).items()},
+            "kv_num_failures": self.connector.stats.num_failures,
+        }
 
     def record_routing_stats(self) -> dict:
-        """Serve calls this periodically; the KV-aware router reads it (router/placement.py)."""
-        return routing_stats(self.engine, self.connector)
+        """Serve calls this periodically; the KV-aware router reads it (router/placement.py):
+        the replica's stats, when, and its prefix cache's changes."""
+        stats = {**self.stats(), "reported_at": time.time()}
+        if self.engine.kv_events is not None:
+            stats["kv_events"] = self.engine.kv_events.report()
+        return stats
 
     async def check_health(self) -> None:
         self.engine.check_health()
