@@ -16,8 +16,6 @@ import contextlib
 import json
 import random
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +27,8 @@ from pdserve.benchmarks.openai_http import OpenAIClient
 from pdserve.benchmarks.stream_timing import http_request
 from pdserve.benchmarks.workload import WorkItem
 from pdserve.cluster.plotting import pyplot
+from pdserve.cluster.prometheus import PrometheusAPI, local_url
+from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
 
 POOLS = ("prefill", "decode")
 
@@ -61,35 +61,28 @@ def windows(sent: list[Sent], seconds: float, window_s: float) -> list[dict]:
     return rows
 
 
-def _query(prometheus: str, promql: str) -> list[dict]:
-    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response)["data"]["result"]
+def _by_pool(prometheus: PrometheusAPI, metric: str, model: str) -> dict[str, float]:
+    return prometheus.by_label(f'{metric}{{model_name="{model}"}}', "pool")
 
 
-def _by_pool(prometheus: str, metric: str, model: str) -> dict[str, float]:
-    results = _query(prometheus, f'{metric}{{model_name="{model}"}}')
-    return {r["metric"]["pool"]: float(r["value"][1]) for r in results}
-
-
-def _sla_ms(prometheus: str, model: str) -> dict[str, float | None]:
+def _sla_ms(prometheus: PrometheusAPI, model: str) -> dict[str, float | None]:
     """The model's targets as the router exports them (None before it has)."""
     targets = {}
     for name in ("ttft", "itl"):
-        results = _query(prometheus, f'ray_pdserve_sla_{name}_seconds{{model_name="{model}"}}')
-        targets[name] = float(results[0]["value"][1]) * 1e3 if results else None
+        series = prometheus.query(f'ray_pdserve_sla_{name}_seconds{{model_name="{model}"}}')
+        targets[name] = series[0].value * 1e3 if series else None
     return targets
 
 
 async def _sample(args: argparse.Namespace, start: float, until: asyncio.Event) -> list[dict]:
-    samples = []
+    prometheus, samples = PrometheusAPI(args.prometheus), []
     while not until.is_set():
         row = {"at": time.perf_counter() - start}
         for key, metric in (
             ("target", "ray_pdserve_planner_target_replicas"),
             ("running", "ray_pdserve_pool_running_replicas"),
         ):
-            row[key] = await asyncio.to_thread(_by_pool, args.prometheus, metric, args.model)
+            row[key] = await asyncio.to_thread(_by_pool, prometheus, metric, args.model)
         samples.append(row)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(until.wait(), args.sample_s)
@@ -168,7 +161,7 @@ def plot(result: dict, path: Path) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server (no /v1)")
-    parser.add_argument("--prometheus", default="http://127.0.0.1:9090")
+    parser.add_argument("--prometheus", default=local_url(DEFAULT_PROMETHEUS_PORT))
     parser.add_argument("--model", default="tiny", help="the served model's name")
     parser.add_argument("--vocab-size", type=int, default=4096, help="prompt token ids below it")
     parser.add_argument("--stages", default="1:60,6:60,1:60", help="rate:seconds,... (req/s)")
@@ -190,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         "command": f"pdserve bench ramp --stages {args.stages} --prompt-len {args.prompt_len} "
         f"--max-tokens {args.max_tokens} --seed {args.seed}",
         "stages": [s._asdict() for s in stages],
-        "targets_ms": _sla_ms(args.prometheus, args.model),
+        "targets_ms": _sla_ms(PrometheusAPI(args.prometheus), args.model),
         "requests": [_request_row(s) for s in sent],
         "samples": samples,
         "windows": windows(sent, seconds, args.window_s),

@@ -1,18 +1,25 @@
-"""A Prometheus server on loopback for ``pdserve serve --prometheus``: the real ``prometheus``
-binary (Debian package ``prometheus``) with ``deploy/prometheus/prometheus.yml``, which scrapes
-every Ray node's metrics agent through the service-discovery file Ray's dashboard writes.
+"""Prometheus for pdserve: a server on loopback, and the one client of its HTTP API.
 
-Its data lives in a temporary directory, gone when it stops: a cluster that outlives one
-``pdserve serve`` wants a Prometheus of its own (deploy/README.md).
+``PrometheusServer`` is ``pdserve serve --prometheus``: the real ``prometheus`` binary (Debian
+package ``prometheus``) with ``deploy/prometheus/prometheus.yml``, which scrapes every Ray node's
+metrics agent through the service-discovery file Ray's dashboard writes. Its data lives in a
+temporary directory, gone when it stops: a cluster that outlives one ``pdserve serve`` wants a
+Prometheus of its own (deploy/README.md).
+
+``PrometheusAPI`` reads any Prometheus (PromQL instant queries, metric names) for the planner,
+``pdserve bench ramp`` and the tests.
 """
 
+import json
 import shutil
 import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
 
@@ -20,6 +27,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "promet
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.2
+QUERY_TIMEOUT_S = 10.0
 
 
 def local_url(port: int) -> str:
@@ -90,3 +98,36 @@ class PrometheusServer:
                 self._process.wait()
         self._log.close()
         shutil.rmtree(self._data, ignore_errors=True)
+
+
+class Series(NamedTuple):
+    labels: dict[str, str]
+    value: float  # at the query's instant
+
+
+class PrometheusAPI:
+    """Prometheus' HTTP API at ``url``; a refused query raises (bad PromQL: ``HTTPError`` 400)."""
+
+    def __init__(self, url: str, timeout_s: float = QUERY_TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def query(self, promql: str) -> list[Series]:
+        """An instant query's series."""
+        data = self._get("/api/v1/query?" + urllib.parse.urlencode({"query": promql}), promql)
+        return [Series(s["metric"], float(s["value"][1])) for s in data["result"]]
+
+    def by_label(self, promql: str, label: str) -> dict[str, float]:
+        """An instant query's value per value of ``label``; NaN (a ratio of nothing) left out."""
+        return {s.labels.get(label, ""): s.value for s in self.query(promql) if s.value == s.value}
+
+    def metric_names(self) -> set[str]:
+        """Every metric name Prometheus holds a series of."""
+        return set(self._get("/api/v1/label/__name__/values", "metric names"))
+
+    def _get(self, path: str, what: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=self.timeout_s) as response:
+            answer = json.load(response)
+        if answer.get("status") != "success":
+            raise RuntimeError(f"Prometheus refused {what!r}: {answer}")
+        return answer["data"]

@@ -12,32 +12,17 @@ Per model, over a window of ``window_s`` seconds:
 - decode batch: the requests running on a decode replica, averaged over the window.
 """
 
-import json
-import urllib.parse
-import urllib.request
-
 from pdserve.cluster.planner.model_planner import Observation
-
-QUERY_TIMEOUT_S = 10.0
+from pdserve.cluster.prometheus import PrometheusAPI
 
 
 class PrometheusSource:
     def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
+        self.api = PrometheusAPI(url)
 
     def query(self, promql: str) -> dict[str, float]:
         """An instant query's value per ``model_name``; NaN and missing series are left out."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=QUERY_TIMEOUT_S) as response:
-            answer = json.load(response)
-        if answer.get("status") != "success":
-            raise RuntimeError(f"Prometheus refused {promql!r}: {answer}")
-        values = {}
-        for series in answer["data"]["result"]:
-            value = float(series["value"][1])
-            if value == value:  # NaN: a ratio of no requests
-                values[series["metric"].get("model_name", "")] = value
-        return values
+        return self.api.by_label(promql, "model_name")
 
     def observe(self, models: list[str], window_s: float) -> dict[str, Observation]:
         w = f"{max(1, round(window_s))}s"

@@ -14,7 +14,6 @@ import json
 import re
 import shutil
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve.cluster.planner.deployment import PlannerMetrics
-from pdserve.cluster.prometheus import PrometheusServer
+from pdserve.cluster.prometheus import PrometheusAPI, PrometheusServer
 from pdserve.cluster.serve import free_port
 from pdserve.router.metrics import RouterMetrics
 from pdserve.serving import metrics
@@ -112,22 +111,10 @@ def totals(cluster) -> dict[str, dict[str, int]]:
     return result
 
 
-def _query(prometheus: PrometheusServer, promql: str) -> list[dict]:
-    url = f"{prometheus.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=10) as response:
-        answer = json.load(response)
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
-
-
 def _by_model(prometheus: PrometheusServer, promql: str) -> dict[str, float]:
     """The result's value per model of this module."""
-    results = _query(prometheus, promql)
-    return {
-        r["metric"]["model_name"]: float(r["value"][1])
-        for r in results
-        if r["metric"]["model_name"] in (DISAGG, AGG)
-    }
+    values = PrometheusAPI(prometheus.url).by_label(promql, "model_name")
+    return {model: value for model, value in values.items() if model in (DISAGG, AGG)}
 
 
 def _wait_for(prometheus: PrometheusServer, promql: str, want: dict[str, float]) -> None:
@@ -232,8 +219,8 @@ def _ours() -> set[str]:
 
 def test_every_rule_and_panel_expression_runs_on_exported_metrics(cluster, totals):
     _, prometheus = cluster
-    with urllib.request.urlopen(f"{prometheus.url}/api/v1/label/__name__/values") as response:
-        scraped = set(json.load(response)["data"])
+    api = PrometheusAPI(prometheus.url)
+    scraped = api.metric_names()
     ours = _ours()
     assert {n for n in scraped if n.startswith("ray_pdserve_")} <= ours
     rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
@@ -245,7 +232,7 @@ def test_every_rule_and_panel_expression_runs_on_exported_metrics(cluster, total
             assert name in ours | recorded | scraped, (name, expr)
         for variable, value in dashboard_vars.items():
             expr = expr.replace(variable, value)
-        _query(prometheus, expr)  # a bad expression fails the query
+        api.query(expr)  # a bad expression fails the query
 
 
 def test_the_targets_stay_exported_long_after_they_were_set(cluster, totals):
