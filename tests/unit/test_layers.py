@@ -1,4 +1,4 @@
-"""The package's layers (DESIGN §2): imports flow one way, and light processes stay light.
+"""The package's layers (docs/architecture.md): imports flow one way, light processes stay light.
 
 benchmarks → cluster → router, prefill_worker, decode_worker → serving → kvtransfer → engine →
 kernels. A folder may import itself and the folders its entry lists, nothing else: the router
