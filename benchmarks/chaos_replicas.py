@@ -60,6 +60,7 @@ def settled_pool_stats(
 
 
 def migrations(model: str) -> int:
-    """The router's count of requests moved off a dead decode replica (``router/migration.py``)."""
+    """The router's count of requests moved off a dead decode replica
+    (``router/dispatch/migration.py``)."""
     decisions = serve.get_app_handle(APP_NAME).route_decisions.remote().result()[model]
     return decisions.get("migrated", 0)

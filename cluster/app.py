@@ -17,9 +17,9 @@ from pdserve.cluster.access import api_keys
 from pdserve.cluster.planner.deployment import Planner
 from pdserve.decode_worker.worker import DecodeWorker
 from pdserve.prefill_worker.worker import PrefillWorker
-from pdserve.router.api_keys import key_digest
-from pdserve.router.ingress import Router
-from pdserve.router.kv_routing import KVAwareRouter
+from pdserve.router.api.api_keys import key_digest
+from pdserve.router.dispatch.kv_routing import KVAwareRouter
+from pdserve.router.ingress import APIIngress
 from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel, pool_deployment
 from pdserve.serving.ray_compat import RequestRouterConfig
 
@@ -79,13 +79,14 @@ def build_app(args: dict[str, Any]) -> Application:
             ray_actor_options={"num_cpus": PLANNER_NUM_CPUS},
         ).bind(config.model_dump(exclude={"api_keys"}))
     router = serve.deployment(
-        Router,
+        APIIngress,
         name="router",
         max_ongoing_requests=config.router_max_ongoing_requests,
         graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
         ray_actor_options={"num_cpus": ROUTER_NUM_CPUS},
     )
-    # The router gets the keys' digests only: the keys stay in this process (router/api_keys.py).
+    # The router gets the keys' digests only: the keys stay in this process
+    # (router/api/api_keys.py).
     digests = [key_digest(key) for key in api_keys(config)]
     models = [m.model_dump() for m in config.models]
     return router.bind(models, prefill, decode, planner, api_key_digests=digests)

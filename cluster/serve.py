@@ -28,7 +28,7 @@ from pdserve.serving.config import (
 
 APP_NAME = "pdserve"
 DEFAULT_MODEL_DIR = Path("models/tiny")
-GRPC_SERVICER = "pdserve.router.grpc_service.add_GenerationServicer_to_server"
+GRPC_SERVICER = "pdserve.router.api.grpc_service.add_GenerationServicer_to_server"
 # How often each process of a new local cluster sends its metrics to its node's agent (Ray's
 # default, 10 s, would leave Prometheus and the planner that far behind).
 METRICS_REPORT_INTERVAL_MS = 2000

@@ -2,7 +2,7 @@
 cache cleared (vLLM's KV events, which Dynamo's router indexes).
 
 The engine thread appends as its block pool changes; the replica reads ``report()`` from its own
-thread for the router (``router/placement.py``). A report holds the events of the last
+thread for the router (``router/dispatch/placement.py``). A report holds the events of the last
 ``window`` reports, so a router that missed a few (Serve hands routers only each replica's latest
 report) still applies every event in order, and, every ``snapshot_every`` reports, the whole set
 of cached hashes, from which a router that missed more starts again. ``epoch`` is new with every

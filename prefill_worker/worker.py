@@ -41,5 +41,6 @@ class PrefillWorker(EngineReplica):
     async def release(self, request: GenerateRequest, lease_id: str) -> None:
         """The router gave up on ``request`` before a decode replica took its KV (the client left
         at the first token, or the decode replica died): its blocks are freed now, not when the
-        lease expires. ``request`` routes the call to this replica (``router/kv_routing.py``)."""
+        lease expires. ``request`` routes the call to this replica
+        (``router/dispatch/kv_routing.py``)."""
         self.connector.drop_lease(lease_id)

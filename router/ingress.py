@@ -1,27 +1,28 @@
-"""The Serve ingress: the OpenAI HTTP app and the gRPC service over the pools of every model.
+"""The Serve ingress: the OpenAI HTTP app and the gRPC service (``api/``) over the pools of every
+model (``dispatch/``). Its deployment is named ``router``.
 
 HTTP goes through the FastAPI app ``build_http_app`` makes once the clients exist (Serve calls
 ``__serve_build_asgi_app__`` after ``__init__``). Serve's gRPC proxy calls the methods named after
-the rpcs of ``pdserve.proto``, which this class inherits from ``GenerationServicer``.
+the rpcs of ``api/pdserve.proto``, which this class inherits from ``GenerationServicer``.
 """
 
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from pdserve.router.admission import Admission
-from pdserve.router.api_keys import APIKeys
-from pdserve.router.grpc_service import GenerationServicer
-from pdserve.router.http_app import build_http_app
+from pdserve.router.api.admission import Admission
+from pdserve.router.api.api_keys import APIKeys
+from pdserve.router.api.grpc_service import GenerationServicer
+from pdserve.router.api.http_app import build_http_app
+from pdserve.router.dispatch.placement import placement_for
+from pdserve.router.dispatch.serve_client import ServeEngineClient
 from pdserve.router.metrics import RouterMetrics
-from pdserve.router.placement import placement_for
-from pdserve.router.serve_client import ServeEngineClient
 from pdserve.router.timing import TimingLog
 from pdserve.serving.config import ServedModel
 
 
 @serve.ingress()
-class Router(GenerationServicer):
+class APIIngress(GenerationServicer):
     def __init__(
         self,
         models: list[dict],

@@ -53,7 +53,8 @@ class RouterMetrics:
         )
         self.migrations = counter(
             "request_migrations",
-            "Requests moved to another decode replica after theirs was lost (router/migration.py).",
+            "Requests moved to another decode replica after theirs was lost "
+            "(router/dispatch/migration.py).",
             t,
         )
         self.http_responses = counter(

@@ -4,7 +4,7 @@ Ray 2.60 takes no ``:`` in a metric name, so vLLM's ``vllm:x`` is ``pdserve_x`` 
 exporter prefixes ``ray_`` (and counters end in ``_total``): Prometheus, the rules and the
 dashboard see ``ray_pdserve_time_to_first_token_seconds_bucket``,
 ``ray_pdserve_prompt_tokens_total``. Every node's metrics agent serves its replicas' metrics;
-``GET /metrics`` on the HTTP port gathers them from every node (``router/metrics_endpoint.py``).
+``GET /metrics`` on the HTTP port gathers them from every node (``router/api/metrics_endpoint.py``).
 
 Ray's histograms keep exact counts and buckets, but build ``_sum`` from bucket midpoints: totals
 come from counters (``prompt_tokens``), never from a histogram's sum. Ray exports a gauge's value

@@ -108,8 +108,9 @@ class EngineReplica:
         }
 
     def record_routing_stats(self) -> dict:
-        """Serve calls this periodically; the KV-aware router reads it (router/placement.py):
-        the replica's stats, when, and its prefix cache's changes."""
+        """Serve calls this periodically; the KV-aware router reads it
+        (router/dispatch/placement.py): the replica's stats, when, and its prefix cache's
+        changes."""
         stats = {**self.stats(), "reported_at": time.time()}
         if self.engine.kv_events is not None:
             stats["kv_events"] = self.engine.kv_events.report()

@@ -21,7 +21,7 @@ from pdserve.benchmarks.openai_http import (
     completion_body,
 )
 from pdserve.benchmarks.serve_bench.datasets import BenchRequest
-from pdserve.router.grpc_codegen import load
+from pdserve.router.api.grpc_codegen import load
 
 
 class Backend(Protocol):

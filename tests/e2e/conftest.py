@@ -20,11 +20,11 @@ import uvicorn
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm import LLM
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.router.admission import Admission
-from pdserve.router.api_keys import APIKeys, key_digest
-from pdserve.router.engine_client import EngineClient
-from pdserve.router.grpc_service import GenerationServicer, start_grpc_server
-from pdserve.router.http_app import build_http_app
+from pdserve.router.api.admission import Admission
+from pdserve.router.api.api_keys import APIKeys, key_digest
+from pdserve.router.api.engine_client import EngineClient
+from pdserve.router.api.grpc_service import GenerationServicer, start_grpc_server
+from pdserve.router.api.http_app import build_http_app
 from pdserve.router.timing import TimingLog
 from pdserve.tests.e2e.gated_client import GatedClient
 from pdserve.tests.e2e.local_client import LocalEngineClient
@@ -207,7 +207,7 @@ def gated_client(local_client: LocalEngineClient) -> GatedClient:
 
 @pytest.fixture(scope="session")
 def admission() -> Admission:
-    """The one bound both limited servers count against (as the Router's HTTP app and gRPC
+    """The one bound both limited servers count against (as the APIIngress's HTTP app and gRPC
     servicer share theirs)."""
     return Admission(dict.fromkeys((MODEL, OVERLOADED_MODEL), LIMITED_MAX_REQUESTS))
 

@@ -12,7 +12,7 @@ import grpc
 import openai
 import pytest
 
-from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.router.api.grpc_service import pb, pb_grpc
 from pdserve.tests.e2e.conftest import API_KEYS
 
 MODEL = "tiny"

@@ -24,7 +24,7 @@ from ray import serve
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.router.api.grpc_service import pb, pb_grpc
 from pdserve.serving.config import DEFAULT_ROUTING_STATS_PERIOD_S
 from pdserve.tests.e2e.serve_replicas import (
     SHARED_LOCAL_MAX,

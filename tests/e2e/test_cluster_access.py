@@ -14,8 +14,8 @@ import pytest
 from ray import serve
 
 from pdserve.cluster.serve import APP_NAME
-from pdserve.router.errors import RETRY_AFTER_S
-from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.router.api.errors import RETRY_AFTER_S
+from pdserve.router.api.grpc_service import pb, pb_grpc
 
 pytestmark = pytest.mark.slow
 

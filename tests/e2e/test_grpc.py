@@ -11,7 +11,7 @@ from pdserve.engine.llm import LLM
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.router.api.grpc_service import pb, pb_grpc
 from pdserve.tests.e2e.local_client import LocalEngineClient
 
 MODEL = "tiny"

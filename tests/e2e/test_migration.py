@@ -28,7 +28,7 @@ from pdserve.benchmarks.chaos_replicas import migrations
 from pdserve.cluster.replicas import answering_replica_stats
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
-from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.router.api.grpc_service import pb, pb_grpc
 from pdserve.tests.e2e.serve_replicas import (
     SHARED_MIGRATION_LIMIT,
     SHARED_MODEL,

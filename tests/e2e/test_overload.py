@@ -1,4 +1,4 @@
-"""The router's bound on requests in flight (router/admission.py): past a model's
+"""The router's bound on requests in flight (router/api/admission.py): past a model's
 ``max_concurrent_requests`` one more request is refused at once, 429 with ``Retry-After`` over
 HTTP and RESOURCE_EXHAUSTED over gRPC, both counting against one bound; and every way a request
 ends gives its slot back, so the count returns to 0.
@@ -21,9 +21,9 @@ from typing import Any
 import grpc
 import pytest
 
-from pdserve.router.admission import Admission
-from pdserve.router.errors import RETRY_AFTER_S
-from pdserve.router.grpc_service import pb, pb_grpc
+from pdserve.router.api.admission import Admission
+from pdserve.router.api.errors import RETRY_AFTER_S
+from pdserve.router.api.grpc_service import pb, pb_grpc
 from pdserve.tests.e2e.conftest import LIMITED_MAX_REQUESTS
 from pdserve.tests.e2e.gated_client import GatedClient
 

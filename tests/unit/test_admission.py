@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 import pytest
 
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.admission import Admission, InFlightLimit
-from pdserve.router.errors import RETRY_AFTER_S, APIError
-from pdserve.router.request_group import start_group
+from pdserve.router.api.admission import Admission, InFlightLimit
+from pdserve.router.api.errors import RETRY_AFTER_S, APIError
+from pdserve.router.api.request_group import start_group
 from pdserve.serving.config import DEFAULT_MAX_CONCURRENT_REQUESTS
 from pdserve.tests.unit.test_router_request_group import ScriptedClient
 

@@ -7,9 +7,9 @@ from http import HTTPStatus
 
 import pytest
 
-from pdserve.router import api_keys as api_keys_module
-from pdserve.router.api_keys import APIKeys, bearer_token, key_digest
-from pdserve.router.errors import APIError
+from pdserve.router.api import api_keys as api_keys_module
+from pdserve.router.api.api_keys import APIKeys, bearer_token, key_digest
+from pdserve.router.api.errors import APIError
 
 KEYS = ("sk-first", "sk-second", "sk-third")
 

@@ -8,7 +8,7 @@ from ray.serve import Application
 
 from pdserve.cluster.access import API_KEY_ENV
 from pdserve.cluster.app import DRAIN_POLL_S, build_app
-from pdserve.router.api_keys import key_digest
+from pdserve.router.api.api_keys import key_digest
 
 
 def _deployments(app: Application) -> dict[str, Application]:

@@ -1,12 +1,12 @@
-"""Conditional disaggregation (router/disaggregation.py): each reason a prompt prefills locally,
-and the remote path when none holds."""
+"""Conditional disaggregation (router/dispatch/disaggregation.py): each reason a prompt prefills
+locally, and the remote path when none holds."""
 
 from dataclasses import dataclass
 
 import pytest
 
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.disaggregation import decide
+from pdserve.router.dispatch.disaggregation import decide
 from pdserve.serving.config import RoutingConfig
 from pdserve.serving.messages import GenerateRequest
 

@@ -4,7 +4,8 @@ benchmarks → cluster → router, prefill_worker, decode_worker → serving →
 kernels. A folder may import itself and the folders its entry lists, nothing else: the router
 and the workers never import each other, and nothing imports the layers above it. Imports inside
 functions and ``TYPE_CHECKING`` blocks count too. ``cluster/cli.py`` reaches ``benchmarks/`` by
-module name only, at run time.
+module name only, at run time. Inside ``router/``, the client-facing API (``api/``) and the
+dispatch to the pools (``dispatch/``) never import each other: they meet in ``ingress.py``.
 """
 
 import ast
@@ -36,8 +37,12 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
-def _imported_folders(tree: ast.AST) -> set[str]:
-    folders = set()
+ROUTER_ROOMS = {"api", "dispatch"}
+
+
+def _imported_modules(tree: ast.AST) -> set[str]:
+    """The dotted names of the modules of pdserve that ``tree`` imports, less ``pdserve.``."""
+    modules = set()
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
@@ -47,10 +52,13 @@ def _imported_folders(tree: ast.AST) -> set[str]:
             if node.module == "pdserve":  # from pdserve import engine
                 names = [f"pdserve.{alias.name}" for alias in node.names]
         for name in names:
-            parts = name.split(".")
-            if parts[0] == "pdserve" and len(parts) > 1:
-                folders.add(parts[1])
-    return folders
+            if name.startswith("pdserve."):
+                modules.add(name.removeprefix("pdserve."))
+    return modules
+
+
+def _imported_folders(tree: ast.AST) -> set[str]:
+    return {module.split(".")[0] for module in _imported_modules(tree)}
 
 
 def layer_violations(root: Path) -> list[str]:
@@ -67,8 +75,28 @@ def layer_violations(root: Path) -> list[str]:
     return violations
 
 
+def room_violations(root: Path) -> list[str]:
+    """``path: imports room`` for each import of one of ``router/``'s rooms from the other, or
+    from a module of ``router/`` other than the ingress."""
+    violations = []
+    for path in sorted((root / "router").rglob("*.py")):
+        relative = path.relative_to(root / "router")
+        if relative == Path("ingress.py"):
+            continue
+        own = relative.parts[0] if len(relative.parts) > 1 else None
+        modules = _imported_modules(ast.parse(path.read_text()))
+        rooms = {m.split(".")[1] for m in modules if m.startswith("router.")}
+        for room in sorted(rooms & ROUTER_ROOMS - {own}):
+            violations.append(f"router/{relative}: imports pdserve.router.{room}")
+    return violations
+
+
 def test_the_package_imports_one_way() -> None:
     assert layer_violations(ROOT) == []
+
+
+def test_the_router_rooms_meet_only_in_the_ingress() -> None:
+    assert room_violations(ROOT) == []
 
 
 def test_every_top_level_folder_with_code_has_a_layer() -> None:
@@ -79,7 +107,7 @@ def test_every_top_level_folder_with_code_has_a_layer() -> None:
 @pytest.mark.parametrize(
     ("folder", "source"),
     [
-        ("serving", "from pdserve.router.errors import model_not_found\n"),
+        ("serving", "from pdserve.router.api.errors import model_not_found\n"),
         ("engine", "def f():\n    import pdserve.kvtransfer.leases\n"),
         ("router", "from pdserve import prefill_worker\n"),
         (
@@ -92,6 +120,21 @@ def test_an_upward_import_is_caught(tmp_path: Path, folder: str, source: str) ->
     (tmp_path / folder).mkdir()
     (tmp_path / folder / "bad.py").write_text(source)
     assert len(layer_violations(tmp_path)) == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("api/bad.py", "from pdserve.router.dispatch.placement import placement_for\n"),
+        ("dispatch/bad.py", "def f():\n    from pdserve.router.api import errors\n"),
+        ("metrics.py", "import pdserve.router.api.errors\n"),
+    ],
+)
+def test_an_import_across_the_rooms_is_caught(tmp_path: Path, module: str, source: str) -> None:
+    path = tmp_path / "router" / module
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    assert len(room_violations(tmp_path)) == 1
 
 
 def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -109,7 +152,7 @@ def test_the_router_imports_no_torch() -> None:
     result = _run(
         """
         import sys
-        import pdserve.router.ingress, pdserve.router.kv_routing, pdserve.serving.messages
+        import pdserve.router.ingress, pdserve.router.dispatch.kv_routing, pdserve.serving.messages
         print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
         """
     )

@@ -3,7 +3,7 @@ token buckets."""
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdserve.router.metrics_endpoint import merge_families, render
+from pdserve.router.api.metrics_endpoint import merge_families, render
 from pdserve.serving.metrics import one_two_five_buckets
 
 

@@ -12,7 +12,7 @@ from pdserve.engine.errors import EngineStoppedError
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.migration import continuation, migrating
+from pdserve.router.dispatch.migration import continuation, migrating
 from pdserve.serving.messages import GenerateRequest
 
 BLOCK_SIZE = 4

@@ -1,7 +1,7 @@
 """The engine's per-token logprobs in OpenAI's completions and chat formats."""
 
 from pdserve.engine.outputs import Logprob
-from pdserve.router.logprobs import chat_logprobs, completion_logprobs
+from pdserve.router.api.logprobs import chat_logprobs, completion_logprobs
 
 # Two positions: the sampled token (ids 7, then 9) plus the top-2 the engine returned. At the
 # second, the sampled token is not among the top 2 (sampling at a temperature).

@@ -8,9 +8,9 @@ from pydantic import ValidationError
 
 from pdserve.engine.errors import RequestError
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.engine_inputs import completion_budget, sampling_params
-from pdserve.router.errors import APIError
-from pdserve.router.openai_requests import ChatCompletionRequest, CompletionRequest
+from pdserve.router.api.engine_inputs import completion_budget, sampling_params
+from pdserve.router.api.errors import APIError
+from pdserve.router.api.openai_requests import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -8,7 +8,7 @@ import pytest
 from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.placement import RECENT_S, STALE_S, PoolPlacement
+from pdserve.router.dispatch.placement import RECENT_S, STALE_S, PoolPlacement
 from pdserve.serving.messages import GenerateRequest
 
 BLOCK = 16

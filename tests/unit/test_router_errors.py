@@ -11,7 +11,7 @@ from pdserve.engine.errors import (
     EngineStoppedError,
     RequestError,
 )
-from pdserve.router.errors import (
+from pdserve.router.api.errors import (
     RETRY_AFTER_S,
     APIError,
     invalid_api_key,

@@ -2,7 +2,7 @@
 
 from pdserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
+from pdserve.router.dispatch.first_token import as_first_chunk, streams_early, without_first_token
 
 
 def _output(text: str, token_ids: list[int], finish: str | None = None) -> RequestOutput:

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.router import grpc_codegen
-from pdserve.router.grpc_service import GenerationServicer, pb, pb_grpc
+from pdserve.router.api import grpc_codegen
+from pdserve.router.api.grpc_service import GenerationServicer, pb, pb_grpc
 
 RPCS = {"Generate", "Complete", "ListModels", "Health"}
 
 
 def test_generated_code_is_fresh_and_imports_by_package_path() -> None:
     assert not grpc_codegen.is_stale()
-    assert pb.__name__ == "pdserve.router._generated.pdserve_pb2"
-    assert pb_grpc.__name__ == "pdserve.router._generated.pdserve_pb2_grpc"
-    assert pb_grpc.pdserve_dot_router_dot___generated_dot_pdserve__pb2 is pb
+    assert pb.__name__ == "pdserve.router.api._generated.pdserve_pb2"
+    assert pb_grpc.__name__ == "pdserve.router.api._generated.pdserve_pb2_grpc"
+    assert pb_grpc.pdserve_dot_router_dot_api_dot___generated_dot_pdserve__pb2 is pb
 
 
 def test_generation_writes_the_modules_and_a_newer_proto_makes_them_stale(
@@ -40,7 +40,7 @@ def test_generation_writes_the_modules_and_a_newer_proto_makes_them_stale(
         "pdserve_pb2_grpc.py",
     ]
     assert (
-        "from pdserve.router._generated import pdserve_pb2"
+        "from pdserve.router.api._generated import pdserve_pb2"
         in (out / "pdserve_pb2_grpc.py").read_text()
     )
     later = (out / "pdserve_pb2_grpc.py").stat().st_mtime + 1

@@ -10,7 +10,7 @@ import pytest
 from pdserve.engine.errors import EngineOverloadedError
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.request_group import RequestGroup, start_group
+from pdserve.router.api.request_group import RequestGroup, start_group
 
 TIMEOUT_S = 10.0
 T = TypeVar("T")

@@ -11,7 +11,7 @@ a refusal, a failure, a disconnected client, a cancelled stream.
 import threading
 from collections.abc import Iterable, Mapping
 
-from pdserve.router.errors import too_many_requests
+from pdserve.router.api.errors import too_many_requests
 from pdserve.serving.config import DEFAULT_MAX_CONCURRENT_REQUESTS
 
 

@@ -4,11 +4,11 @@ streamed (a choice's first chunk carries the assistant role, its last the finish
 from collections.abc import AsyncGenerator
 
 from pdserve.engine.outputs import CompletionOutput
-from pdserve.router.endpoint import Call
-from pdserve.router.engine_inputs import chat_prompt
-from pdserve.router.logprobs import chat_logprobs
-from pdserve.router.openai_requests import ChatCompletionRequest
-from pdserve.router.openai_responses import (
+from pdserve.router.api.endpoint import Call
+from pdserve.router.api.engine_inputs import chat_prompt
+from pdserve.router.api.logprobs import chat_logprobs
+from pdserve.router.api.openai_requests import ChatCompletionRequest
+from pdserve.router.api.openai_responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -18,7 +18,7 @@ from pdserve.router.openai_responses import (
     DeltaMessage,
     Usage,
 )
-from pdserve.router.request_group import RequestGroup
+from pdserve.router.api.request_group import RequestGroup
 
 
 def _logprobs(request: ChatCompletionRequest, output: CompletionOutput) -> ChatLogprobs | None:

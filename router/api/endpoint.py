@@ -13,11 +13,11 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from pdserve.router.admission import InFlightLimit
-from pdserve.router.engine_client import EngineClient
-from pdserve.router.engine_inputs import completion_budget, sampling_params
-from pdserve.router.openai_responses import Usage
-from pdserve.router.request_group import RequestGroup, start_group
+from pdserve.router.api.admission import InFlightLimit
+from pdserve.router.api.engine_client import EngineClient
+from pdserve.router.api.engine_inputs import completion_budget, sampling_params
+from pdserve.router.api.openai_responses import Usage
+from pdserve.router.api.request_group import RequestGroup, start_group
 
 RequestT = TypeVar("RequestT", contravariant=True)
 ResponseT = TypeVar("ResponseT", covariant=True)

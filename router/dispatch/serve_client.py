@@ -21,11 +21,11 @@ from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.router.disaggregation import Decision, decide
-from pdserve.router.first_token import as_first_chunk, streams_early, without_first_token
+from pdserve.router.dispatch.disaggregation import Decision, decide
+from pdserve.router.dispatch.first_token import as_first_chunk, streams_early, without_first_token
+from pdserve.router.dispatch.migration import continuation, migrating
+from pdserve.router.dispatch.placement import Role, placement_for
 from pdserve.router.metrics import RouterMetrics
-from pdserve.router.migration import continuation, migrating
-from pdserve.router.placement import Role, placement_for
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
 from pdserve.serving.config import ServedModel
 from pdserve.serving.messages import GenerateRequest, PrefillResult, RemotePrefilled

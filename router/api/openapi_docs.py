@@ -16,8 +16,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from pdserve.router.errors import ErrorResponse
-from pdserve.router.sse import DONE_DATA
+from pdserve.router.api.errors import ErrorResponse
+from pdserve.router.api.sse import DONE_DATA
 
 REF_PREFIX = "#/components/schemas/"
 # What FastAPI adds for its own 422, which this server never sends.

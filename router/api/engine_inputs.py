@@ -8,8 +8,8 @@ import jinja2
 from pdserve.engine.errors import RequestError
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.router.errors import context_length_error
-from pdserve.router.openai_requests import ChatCompletionRequest, CompletionRequest
+from pdserve.router.api.errors import context_length_error
+from pdserve.router.api.openai_requests import ChatCompletionRequest, CompletionRequest
 
 
 def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer) -> list[list[int]]:

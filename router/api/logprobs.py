@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 
 from pdserve.engine.outputs import Logprob, PositionLogprobs
-from pdserve.router.openai_responses import (
+from pdserve.router.api.openai_responses import (
     ChatLogprobs,
     CompletionLogprobs,
     TokenLogprob,

@@ -12,7 +12,7 @@ from typing import Protocol
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.router.errors import model_not_found
+from pdserve.router.api.errors import model_not_found
 
 
 class EngineClient(Protocol):

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pdserve.router.errors import INTERNAL, to_api_error
+from pdserve.router.api.errors import INTERNAL, to_api_error
 
 logger = logging.getLogger(__name__)
 

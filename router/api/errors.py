@@ -31,7 +31,7 @@ class ErrorKind:
 INVALID_REQUEST = ErrorKind(HTTPStatus.BAD_REQUEST, "invalid_request_error", "INVALID_ARGUMENT")
 UNAUTHENTICATED = ErrorKind(HTTPStatus.UNAUTHORIZED, "invalid_request_error", "UNAUTHENTICATED")
 NOT_FOUND = ErrorKind(HTTPStatus.NOT_FOUND, "invalid_request_error", "NOT_FOUND")
-# The router's own limit on requests in flight (router/admission.py): OpenAI answers "the engine
+# The router's own limit on requests in flight (router/api/admission.py): OpenAI answers "the engine
 # is currently overloaded" with a 429 of type server_error.
 TOO_MANY_REQUESTS = ErrorKind(HTTPStatus.TOO_MANY_REQUESTS, "server_error", "RESOURCE_EXHAUSTED")
 OVERLOADED = ErrorKind(HTTPStatus.SERVICE_UNAVAILABLE, "server_error", "RESOURCE_EXHAUSTED")

@@ -3,13 +3,13 @@
 from collections.abc import AsyncGenerator
 
 from pdserve.engine.outputs import CompletionOutput
-from pdserve.router.endpoint import Call
-from pdserve.router.engine_client import EngineClient
-from pdserve.router.engine_inputs import completion_prompts
-from pdserve.router.logprobs import completion_logprobs
-from pdserve.router.openai_requests import CompletionRequest
-from pdserve.router.openai_responses import Completion, CompletionChoice, Usage
-from pdserve.router.request_group import RequestGroup
+from pdserve.router.api.endpoint import Call
+from pdserve.router.api.engine_client import EngineClient
+from pdserve.router.api.engine_inputs import completion_prompts
+from pdserve.router.api.logprobs import completion_logprobs
+from pdserve.router.api.openai_requests import CompletionRequest
+from pdserve.router.api.openai_responses import Completion, CompletionChoice, Usage
+from pdserve.router.api.request_group import RequestGroup
 
 
 class _Choices:

@@ -21,25 +21,25 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from pdserve.engine.errors import EngineOverloadedError, EngineStoppedError, RequestError
-from pdserve.router import openapi_docs
-from pdserve.router.admission import Admission
-from pdserve.router.api_keys import APIKeys
-from pdserve.router.chat import CHAT
-from pdserve.router.completions import COMPLETIONS
-from pdserve.router.endpoint import Call, Endpoint, answer_stream, answer_whole
-from pdserve.router.engine_client import EngineClient, check_all, pick_client
-from pdserve.router.errors import INVALID_REQUEST, APIError, ErrorKind, to_api_error
-from pdserve.router.metrics import ResponseCounter, RouterMetrics
-from pdserve.router.metrics_endpoint import cluster_metrics
-from pdserve.router.openai_requests import ChatCompletionRequest, CompletionRequest
-from pdserve.router.openai_responses import (
+from pdserve.router.api import openapi_docs
+from pdserve.router.api.admission import Admission
+from pdserve.router.api.api_keys import APIKeys
+from pdserve.router.api.chat import CHAT
+from pdserve.router.api.completions import COMPLETIONS
+from pdserve.router.api.endpoint import Call, Endpoint, answer_stream, answer_whole
+from pdserve.router.api.engine_client import EngineClient, check_all, pick_client
+from pdserve.router.api.errors import INVALID_REQUEST, APIError, ErrorKind, to_api_error
+from pdserve.router.api.metrics_endpoint import cluster_metrics
+from pdserve.router.api.openai_requests import ChatCompletionRequest, CompletionRequest
+from pdserve.router.api.openai_responses import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
     ModelCard,
     ModelList,
 )
-from pdserve.router.sse import EventStreamResponse
+from pdserve.router.api.sse import EventStreamResponse
+from pdserve.router.metrics import ResponseCounter, RouterMetrics
 from pdserve.router.timing import RequestTimingMiddleware, TimingLog
 
 # nginx's "client closed request": nobody reads it, but the access log says what happened.

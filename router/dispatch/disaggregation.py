@@ -10,7 +10,7 @@ default router only the prompt's length is known.
 
 from typing import Literal
 
-from pdserve.router.placement import PoolPlacement
+from pdserve.router.dispatch.placement import PoolPlacement
 from pdserve.serving.config import RoutingConfig
 from pdserve.serving.messages import GenerateRequest
 

@@ -12,7 +12,7 @@ rank, for Serve to try if the first refuses.
 import random
 from typing import Any
 
-from pdserve.router.placement import PoolPlacement, Role, register
+from pdserve.router.dispatch.placement import PoolPlacement, Role, register
 from pdserve.serving.messages import GenerateRequest, RemotePrefilled
 from pdserve.serving.ray_compat import (
     FIFOMixin,

@@ -15,14 +15,14 @@ import grpc
 
 from pdserve.engine.errors import RequestError
 from pdserve.engine.outputs import CompletionOutput, PositionLogprobs
-from pdserve.router.admission import Admission
-from pdserve.router.api_keys import AUTHORIZATION, APIKeys, bearer_token
-from pdserve.router.engine_client import EngineClient, check_all, pick_client
-from pdserve.router.engine_inputs import completion_budget, sampling_params
-from pdserve.router.errors import INTERNAL, to_api_error
-from pdserve.router.grpc_codegen import load
-from pdserve.router.openai_requests import COMPLETIONS_DEFAULT_MAX_TOKENS
-from pdserve.router.request_group import RequestGroup, TokenCounts, start_group
+from pdserve.router.api.admission import Admission
+from pdserve.router.api.api_keys import AUTHORIZATION, APIKeys, bearer_token
+from pdserve.router.api.engine_client import EngineClient, check_all, pick_client
+from pdserve.router.api.engine_inputs import completion_budget, sampling_params
+from pdserve.router.api.errors import INTERNAL, to_api_error
+from pdserve.router.api.grpc_codegen import load
+from pdserve.router.api.openai_requests import COMPLETIONS_DEFAULT_MAX_TOKENS
+from pdserve.router.api.request_group import RequestGroup, TokenCounts, start_group
 
 logger = logging.getLogger(__name__)
 

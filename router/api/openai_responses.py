@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from pdserve.router.request_group import TokenCounts
+from pdserve.router.api.request_group import TokenCounts
 
 
 class PromptTokensDetails(BaseModel):

@@ -1,11 +1,11 @@
-"""Generates the gRPC Python modules from ``pdserve.proto`` into ``router/_generated/``.
+"""Generates the gRPC Python modules from ``pdserve.proto`` into ``router/api/_generated/``.
 
 The output is a build product (gitignored), made on first import of ``grpc_service`` and again
 whenever the .proto is newer, so the modules can never drift from it. protoc writes imports from
 the path a .proto has under its include root, so the file is staged at
-``pdserve/router/_generated/pdserve.proto``: the generated service module then imports its
-messages as ``pdserve.router._generated.pdserve_pb2``, with no edits to generated code.
-``python -m pdserve.router.grpc_codegen`` regenerates by hand. protoc runs in a child process:
+``pdserve/router/api/_generated/pdserve.proto``: the generated service module then imports its
+messages as ``pdserve.router.api._generated.pdserve_pb2``, with no edits to generated code.
+``python -m pdserve.router.api.grpc_codegen`` regenerates by hand. protoc runs in a child process:
 its compiler library crashes a process that has loaded NIXL's own protobuf.
 """
 
@@ -20,7 +20,7 @@ from types import ModuleType
 
 PROTO = Path(__file__).with_name("pdserve.proto")
 OUTPUT_DIR = Path(__file__).with_name("_generated")
-PACKAGE = "pdserve.router._generated"
+PACKAGE = "pdserve.router.api._generated"
 MODULES = ("pdserve_pb2", "pdserve_pb2_grpc")
 # Written last, so an older one than the .proto means the output is stale or incomplete.
 STAMP = OUTPUT_DIR / f"{MODULES[-1]}.py"

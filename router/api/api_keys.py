@@ -16,7 +16,7 @@ from fastapi import Security
 from fastapi.params import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from pdserve.router.errors import invalid_api_key
+from pdserve.router.api.errors import invalid_api_key
 
 AUTHORIZATION = "authorization"  # the gRPC metadata key (gRPC sends keys in lower case)
 BEARER = "bearer"  # the scheme, matched without regard to case (RFC 7235)

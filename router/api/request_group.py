@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
 from pdserve.engine.sampling_params import SamplingParams, fan_out
-from pdserve.router.admission import InFlightLimit
-from pdserve.router.engine_client import EngineClient
+from pdserve.router.api.admission import InFlightLimit
+from pdserve.router.api.engine_client import EngineClient
 
 
 class TokenCounts(NamedTuple):
