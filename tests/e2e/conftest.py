@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import openai
 import pytest
 import uvicorn
 
@@ -107,6 +108,13 @@ def http_url(clients: dict[str, EngineClient], timing_log: TimingLog) -> Iterato
     """The base URL (no /v1) of the HTTP app serving ``tiny`` and ``tiny-overloaded``."""
     with _http_server(clients, timing_log) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def client(http_url: str) -> Iterator[openai.OpenAI]:
+    """The OpenAI SDK against ``http_url``, retrying nothing."""
+    with openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0) as sdk:
+        yield sdk
 
 
 @pytest.fixture(scope="session")

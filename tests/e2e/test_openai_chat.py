@@ -1,8 +1,6 @@
 """/v1/chat/completions through the real ``openai`` SDK: the model's chat template, greedy tokens
 equal to the offline engine's on the templated prompt, streamed or not; n; logprobs."""
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
@@ -18,12 +16,6 @@ MESSAGES = [
 MAX_TOKENS = 8
 GREEDY = {"temperature": 0, "max_completion_tokens": MAX_TOKENS}
 GREEDY_EXTRA = {"ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def client(http_url: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0) as sdk:
-        yield sdk
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,6 @@
 """/v1/completions through the real ``openai`` SDK: greedy tokens equal the offline engine's,
 streamed or not; usage (cached tokens too), n, logprobs, echo and stop strings."""
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
@@ -17,12 +15,6 @@ MAX_TOKENS = 8
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": 0}
 GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
 BLOCK_SIZE = 16  # the engine's default
-
-
-@pytest.fixture(scope="module")
-def client(http_url: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0) as sdk:
-        yield sdk
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """A client that goes away mid-request cancels it: the engine is told to abort (not left to run to
 max_tokens) and every KV block is free again."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import openai
 import pytest
@@ -14,12 +14,6 @@ LONG = 1500  # tokens: far longer than a test waits, so only an abort can end it
 CHUNKS_BEFORE_LEAVING = 2
 NON_STREAMED_TIMEOUT_S = 1.0
 LONG_BODY = {"model": MODEL, "max_tokens": LONG, "extra_body": {"ignore_eos": True}}
-
-
-@pytest.fixture(scope="module")
-def client(http_url: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0) as sdk:
-        yield sdk
 
 
 @pytest.fixture

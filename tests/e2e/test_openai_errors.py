@@ -4,7 +4,6 @@ and the server keeps serving; /v1/models and /health; a stopped engine answers 5
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -151,12 +150,6 @@ def _request(url: str, body: bytes | dict[str, Any] | None = None) -> tuple[int,
     except urllib.error.HTTPError as error:
         status, headers, raw = error.code, error.headers, error.read()
     return status, headers, json.loads(raw) if raw else None
-
-
-@pytest.fixture(scope="module")
-def client(http_url: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0) as sdk:
-        yield sdk
 
 
 @pytest.mark.parametrize("case", BAD_REQUESTS)

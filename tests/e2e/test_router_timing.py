@@ -1,8 +1,6 @@
 """The router's per-request timings (``router/timing.py``): every request that reaches an engine is
 logged once, its parts in order; the router's own share is the rest of its TTFT."""
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
@@ -10,12 +8,6 @@ from pdserve.router.timing import TimingLog
 
 MODEL = "tiny"
 GREEDY = {"temperature": 0, "max_tokens": 4, "extra_body": {"ignore_eos": True}}
-
-
-@pytest.fixture(scope="module")
-def client(http_url: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0) as sdk:
-        yield sdk
 
 
 def _check(timing: dict) -> None:
