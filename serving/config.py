@@ -100,7 +100,8 @@ class PoolConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
-    # "kv_aware": router/kv_routing.py; "power_of_two": Serve's default (load only), a baseline.
+    # "kv_aware": router/dispatch/kv_routing.py; "power_of_two": Serve's default (load only), the
+    # baseline.
     policy: Literal["kv_aware", "power_of_two"] = "kv_aware"
     # Remote prefill only when the prompt's part not cached at its decode replica is this long.
     local_prefill_max_tokens: int = Field(DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ge=0)
@@ -168,7 +169,8 @@ class ServedModel(_Strict):
     metrics: bool = True
     # Each replica logs a stats line this often while it has work (vLLM's); 0 turns it off.
     log_stats_interval_s: float = Field(DEFAULT_LOG_STATS_INTERVAL_S, ge=0)
-    # A request whose decode replica dies goes on at another this many times (router/migration.py).
+    # A request whose decode replica dies goes on at another this many times
+    # (router/dispatch/migration.py).
     migration_limit: int = Field(DEFAULT_MIGRATION_LIMIT, ge=0)
     # Past this many of the model's requests in flight in the router, one more gets 429 at once.
     max_concurrent_requests: int = Field(DEFAULT_MAX_CONCURRENT_REQUESTS, ge=1)
