@@ -80,7 +80,7 @@ test-fast: setup
 # environment, through the unit tier; then the versions that differ from the lock.
 NEWEST ?= .venv-newest
 test-newest: export OMP_WAIT_POLICY = PASSIVE
-test-newest: setup
+test-newest:
 	$(PYTHON) -m venv --clear $(NEWEST)
 	$(NEWEST)/bin/python -m pip install -q "uv==$(UV_VERSION)"
 	UV_LINK_MODE=copy $(NEWEST)/bin/uv pip install -q --python $(NEWEST)/bin/python $(FIND_LINKS) \

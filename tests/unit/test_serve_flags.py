@@ -24,7 +24,7 @@ def test_the_planner_flag_bounds_the_pools_and_points_at_the_local_prometheus(
         "--max-replicas", "3", "--prometheus-port", "9191",
     )  # fmt: skip
     config = serve.cluster_config(args)
-    assert config.planner.enabled and config.planner.profile == "p.json"
+    assert config.planner.enabled and config.planner.profile == str(Path("p.json").absolute())
     assert config.planner.prometheus_url == "http://127.0.0.1:9191"
     (model,) = config.models
     assert (model.prefill.lowest, model.prefill.highest) == (1, 3)
