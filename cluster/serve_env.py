@@ -2,9 +2,9 @@
 
 ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` (Ray >= 2.56): direct ingress (the router replica serves HTTP
 and gRPC on ports of its own, 30000+ and 40000+, which Serve's proxy forwards to), gRPC between
-deployments, user code on each replica's main loop, request-path logs buffered. Through the
-cluster it took ITL p50 from ~4x to ~1.6x the offline engine's (docs/benchmarks.md). One part
-stays off: handle routers keep their own loop, since drivers and tests call handles synchronously.
+deployments, user code on each replica's main loop, request-path logs buffered: through the
+cluster, ITL came much closer to the offline engine's (docs/benchmarks.md). One part stays off:
+handle routers keep their own loop, since drivers and tests call handles synchronously.
 
 Serve reads these when it is imported, in each process, and a handle carries the settings of the
 process that made it: the app's handles are made in the driver that deploys it, so the driver

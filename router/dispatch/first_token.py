@@ -1,4 +1,4 @@
-"""The prefill's first token, streamed the moment the prefill returns (DESIGN §3 step 4).
+"""The prefill's first token, streamed the moment the prefill returns (its TTFT).
 
 The decode replica emits that token again as its first, with everything after it; the router
 drops the repeat. Only without stop strings: then both sides' detokenizers send a token's text as
