@@ -14,7 +14,6 @@ prefill starts.
 
 import collections
 import logging
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -109,8 +108,8 @@ class KVConnector(ABC):
 
     def export(self, block_ids: list[int]) -> KVExport:
         """Makes blocks readable by a peer until the lease ends; they stay pinned till then."""
-        lease_id, expires_at = self._leases.grant(block_ids, self.lease_seconds)
-        return KVExport(self.name, tuple(block_ids), lease_id, expires_at)
+        lease_id = self._leases.grant(block_ids, self.lease_seconds)
+        return KVExport(self.name, tuple(block_ids), lease_id, self.lease_seconds)
 
     def drop_lease(self, lease_id: str) -> None:
         """From any thread: the export's reader will not come (the request ended before a decode
@@ -129,7 +128,7 @@ class KVConnector(ABC):
         if export.owner not in self._peers:
             raise KVTransferError(f"unknown peer {export.owner}: add_peer its PeerInfo first")
         self._check_lengths(len(export.block_ids) - skip, len(block_ids))
-        time_left = export.expires_at - time.time() - LEASE_MARGIN_SECONDS
+        time_left = export.time_left() - LEASE_MARGIN_SECONDS
         if time_left <= 0:
             self.stats.fail("lease_expired")
             raise KVTransferError(f"the lease on {export.owner}'s blocks has run out")

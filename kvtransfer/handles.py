@@ -1,6 +1,7 @@
 """The plain data peers exchange (through whatever RPC the caller uses) to move blocks."""
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from pdserve.kvtransfer.layout import KVLayout
@@ -31,10 +32,26 @@ class PeerInfo:
 
 @dataclass(frozen=True)
 class KVExport:
-    """An owner's blocks, readable by a peer until ``expires_at`` (``time.time()`` seconds)."""
+    """An owner's blocks, readable by a peer for ``lease_seconds`` from ``since``.
+
+    ``since`` is a ``time.monotonic()`` reading of the process holding this handle: no instant
+    leaves its process, as hosts' clocks differ. Pickled, the handle carries the time its lease
+    has left instead, and the process that unpickles it counts that from its arrival; each holder
+    counts the time it held the handle, and only the time on the wire goes uncounted (the reader's
+    ``LEASE_MARGIN_SECONDS`` allows for it).
+    """
 
     owner: str
     block_ids: tuple[int, ...]
     lease_id: str
-    expires_at: float
+    lease_seconds: float
     payload: Any = None  # object-store backend: the ObjectRef of the blocks' contents
+    since: float = field(default_factory=time.monotonic, compare=False)
+
+    def time_left(self) -> float:
+        """Seconds until the owner frees the blocks (at the latest), on this process's clock."""
+        return self.lease_seconds - (time.monotonic() - self.since)
+
+    def __reduce__(self) -> tuple:
+        fields = (self.owner, self.block_ids, self.lease_id, self.time_left(), self.payload)
+        return KVExport, fields

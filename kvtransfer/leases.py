@@ -12,7 +12,7 @@ DEFAULT_LEASE_SECONDS = 30.0
 @dataclass
 class _Lease:
     block_ids: list[int]
-    expires_at: float  # time.time() seconds: peers on other hosts compare against it
+    expires_at: float  # time.monotonic() seconds of the owner's process: it alone reads it
 
 
 class LeaseTable:
@@ -22,12 +22,11 @@ class LeaseTable:
         self._ids = itertools.count()
         self._leases: dict[str, _Lease] = {}
 
-    def grant(self, block_ids: list[int], seconds: float) -> tuple[str, float]:
-        """Pins the blocks; returns the lease id and its expiry time."""
+    def grant(self, block_ids: list[int], seconds: float) -> str:
+        """Pins the blocks for ``seconds`` from now; returns the lease id."""
         lease_id = f"{self._prefix}:{next(self._ids)}"
-        expires_at = time.time() + seconds
-        self._leases[lease_id] = _Lease(list(block_ids), expires_at)
-        return lease_id, expires_at
+        self._leases[lease_id] = _Lease(list(block_ids), time.monotonic() + seconds)
+        return lease_id
 
     def release(self, lease_id: str) -> bool:
         """Frees a lease's blocks; False if it already ended (released or expired)."""
@@ -39,7 +38,7 @@ class LeaseTable:
 
     def expire(self, now: float | None = None) -> list[str]:
         """Frees every lease past its expiry; returns their ids."""
-        now = time.time() if now is None else now
+        now = time.monotonic() if now is None else now
         ended = [lease_id for lease_id, lease in self._leases.items() if lease.expires_at <= now]
         for lease_id in ended:
             self.release(lease_id)
