@@ -2,14 +2,17 @@
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ray import serve
 
 from pdserve.engine.async_engine import AsyncLLMEngine
+from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.kvtransfer.connector import KVConnector
 from pdserve.kvtransfer.engine_hooks import ConnectorHooks
@@ -67,6 +70,23 @@ def pin_process(core: int) -> None:
             os.sched_setaffinity(int(thread_id), {core})
 
 
+class RoutingReports:
+    """A replica's routing stats as the routers read them: its stats, its prefix cache's changes,
+    the report's number and its stamp on this replica's own clock. A router ages a report on its
+    own clock from when it first hears that number, and reads the stamp only against this
+    replica's other stamps (router/dispatch/placement.py), so hosts' clocks need not agree."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._numbers = itertools.count()
+
+    def make(self, stats: dict, kv_events: KVEventLog | None) -> dict:
+        report = {**stats, "report_seq": next(self._numbers), "made_at": self._clock()}
+        if kv_events is not None:
+            report["kv_events"] = kv_events.report()
+        return report
+
+
 class EngineReplica:
     """What both pools' replicas share: the engine, its connector, metrics, stats and health."""
 
@@ -78,6 +98,7 @@ class EngineReplica:
         if cores:
             pin_process(cores[serve.get_replica_context().rank.rank % len(cores)])
         self.engine, self.connector = start_engine(self.served)
+        self._routing_reports = RoutingReports()
         if not self.served.metrics:  # nothing counted, nothing to report
             return
         replica = serve.get_replica_context().replica_id.unique_id
@@ -109,12 +130,8 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict:
         """Serve calls this periodically; the KV-aware router reads it
-        (router/dispatch/placement.py): the replica's stats, when, and its prefix cache's
-        changes."""
-        stats = {**self.stats(), "reported_at": time.time()}
-        if self.engine.kv_events is not None:
-            stats["kv_events"] = self.engine.kv_events.report()
-        return stats
+        (router/dispatch/placement.py)."""
+        return self._routing_reports.make(self.stats(), self.engine.kv_events)
 
     async def check_health(self) -> None:
         self.engine.check_health()

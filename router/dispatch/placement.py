@@ -14,8 +14,15 @@ Ties go to a random one of the best: in order, the first replica would take ever
 thrash its cache while the others' went unused.
 
 A replica whose event log has a gap (it sent more reports than one holds while this router heard
-none) or whose last report is older than ``STALE_S`` counts as caching nothing until its next
-snapshot. A restarted replica starts a new log (its epoch), never extending its old index.
+none) or from which this router has heard no new report for ``STALE_S`` counts as caching nothing
+until its next snapshot. A restarted replica starts a new log (its epoch), never extending its old
+index.
+
+No instant crosses hosts, whose clocks may differ: a report's age is counted on this router's
+clock from when it first heard that report (numbered by the replica, as Serve hands the same one
+over and over). The replica's own stamp is read only against its other reports: the least gap
+seen between its stamp and this router's hearing of it maps the replica's clock onto ours,
+at most as late as the quickest delivery, whatever the offset between the two.
 
 The ingress places a request in the decode pool (the cached prefix there decides between local
 and remote prefill) and, when it goes remote, in the prefill pool, and writes both into the
@@ -25,6 +32,7 @@ itself, in the ingress's process, so they find the pool's placement through ``re
 own module by value, so state kept there would be a copy per router).
 """
 
+import math
 import random
 import threading
 import time
@@ -38,7 +46,7 @@ from pdserve.serving.messages import GenerateRequest
 
 Role = Literal["prefill", "decode"]
 RECENT_S = 5.0  # how long blocks sent to a replica count as cached there without its word
-STALE_S = 10.0  # a replica silent this long: its index is not trusted
+STALE_S = 10.0  # no new report from a replica this long: its index is not trusted
 
 
 class Placement(NamedTuple):
@@ -53,7 +61,10 @@ class _Replica:
     synced: bool = False  # whether ``cached`` is the replica's cache as of ``next_seq``
     cached: set[BlockHash] = field(default_factory=set)
     load_tokens: int = 0  # as of its last report
-    reported_at: float = 0.0  # the replica's clock at that report
+    report_seq: int | None = None  # that report's number
+    heard_at: float = -math.inf  # when this router first heard it, on its own clock
+    # The least (heard_at - the report's stamp) so far: the replica's clock onto this router's.
+    clock_offset: float = math.inf
     # Calls in flight there, by request id: (when sent, prompt tokens).
     sent: dict[str, tuple[float, int]] = field(default_factory=dict)
     recent: dict[BlockHash, float] = field(default_factory=dict)  # block sent here -> when
@@ -86,7 +97,7 @@ class PoolPlacement:
         block_size: int,
         kv_overlap_weight: float = 1.0,
         load_weight: float = 1.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.role = role
         self._block_size = block_size
@@ -171,28 +182,32 @@ class PoolPlacement:
             return bool(replicas) and all(self._load(r) >= max_load_tokens for r in replicas)
 
     def _observe(self, replica: _Replica, stats: dict) -> None:
+        if stats["report_seq"] == replica.report_seq:
+            return  # this report again (Serve repeats a replica's stats with other updates)
+        now = self._now()
+        replica.report_seq, replica.heard_at = stats["report_seq"], now
+        replica.clock_offset = min(replica.clock_offset, now - stats["made_at"])
         report: KVEventReport | None = stats.get("kv_events")
         if report is not None:
             replica.apply(report)
         else:  # a replica that logs no events (routed by Serve's default router once)
             replica.synced = False
-        replica.reported_at = stats["reported_at"]
         if self.role == "prefill":
             replica.load_tokens = stats["num_queued_prefill_tokens"]
         else:
             held = stats["num_blocks"] - stats["num_free_blocks"]
             replica.load_tokens = held * self._block_size
-        # Calls sent before the report are in its load, or over.
+        # Calls sent before the report was made (on this router's clock) are in its load, or over.
+        made_at = stats["made_at"] + replica.clock_offset
         for request_id, (sent_at, _) in list(replica.sent.items()):
-            if sent_at <= replica.reported_at:
+            if sent_at <= made_at:
                 del replica.sent[request_id]
                 self._sent_to.pop(request_id, None)
-        now = self._now()
         replica.recent = {h: t for h, t in replica.recent.items() if now - t <= RECENT_S}
 
     def _overlap(self, replica: _Replica, request: GenerateRequest, now: float) -> int:
         """The prompt's leading blocks cached at the replica, or sent there lately."""
-        trusted = replica.synced and now - replica.reported_at < STALE_S
+        trusted = replica.synced and now - replica.heard_at < STALE_S
         cached = replica.cached if trusted else set()
         overlap = 0
         for block_hash in request.block_hashes:

@@ -2,6 +2,7 @@
 ties, a burst's stickiness, gaps, stale and restarted replicas."""
 
 import collections
+import itertools
 
 import pytest
 
@@ -12,6 +13,7 @@ from pdserve.router.dispatch.placement import RECENT_S, STALE_S, PoolPlacement
 from pdserve.serving.messages import GenerateRequest
 
 BLOCK = 16
+_REPORT_SEQ = itertools.count()  # a report's number: one count for all, so each is new
 
 
 class Clock:
@@ -34,9 +36,11 @@ def _caching(log: KVEventLog, request: GenerateRequest, blocks: int | None = Non
 
 
 def _stats(log: KVEventLog, at: float, held_blocks: int = 0, queued: int = 0) -> dict:
+    """A new report, made at ``at`` on a clock this test shares with the router."""
     return {
         "kv_events": log.report(),
-        "reported_at": at,
+        "report_seq": next(_REPORT_SEQ),
+        "made_at": at,
         "num_blocks": 100,
         "num_free_blocks": 100 - held_blocks,
         "num_queued_prefill_tokens": queued,
