@@ -103,6 +103,7 @@ class PrometheusServer:
 class Series(NamedTuple):
     labels: dict[str, str]
     value: float  # at the query's instant
+    at: float  # that instant: the evaluation time Prometheus answered for, on its own clock
 
 
 class PrometheusAPI:
@@ -115,11 +116,21 @@ class PrometheusAPI:
     def query(self, promql: str) -> list[Series]:
         """An instant query's series."""
         data = self._get("/api/v1/query?" + urllib.parse.urlencode({"query": promql}), promql)
-        return [Series(s["metric"], float(s["value"][1])) for s in data["result"]]
+        return [
+            Series(s["metric"], float(s["value"][1]), float(s["value"][0])) for s in data["result"]
+        ]
 
     def by_label(self, promql: str, label: str) -> dict[str, float]:
         """An instant query's value per value of ``label``; NaN (a ratio of nothing) left out."""
         return {s.labels.get(label, ""): s.value for s in self.query(promql) if s.value == s.value}
+
+    def sample_ages(self, selector: str, by: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        """Per values of the labels ``by``, how old the newest sample of ``selector`` (a series
+        selector, no function) is: its timestamp against the query's evaluation time, both from
+        the same answer, on Prometheus' clock. Series Prometheus has marked stale (their target
+        stopped answering) or last saw beyond its lookback are absent."""
+        newest = self.query(f"max by ({', '.join(by)}) (timestamp({selector}))")
+        return {tuple(s.labels.get(label, "") for label in by): s.at - s.value for s in newest}
 
     def metric_names(self) -> set[str]:
         """Every metric name Prometheus holds a series of."""

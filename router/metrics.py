@@ -63,8 +63,9 @@ class RouterMetrics:
         # The targets the alert rules and the dashboard compare with (deploy/prometheus/).
         self.sla_ttft = gauge("sla_ttft_seconds", "The model's TTFT target (sla.ttft_ms).", t)
         self.sla_itl = gauge("sla_itl_seconds", "The model's ITL target (sla.itl_ms).", t)
+        # Where a planner runs, its planner_target_replicas supersede this (the config's count).
         self.target_replicas = gauge(
-            "pool_target_replicas", "Replicas a pool is meant to have.", (*t, "pool")
+            "pool_target_replicas", "Replicas a pool starts with (its config).", (*t, "pool")
         )
         self._held = HeldGauges()
 

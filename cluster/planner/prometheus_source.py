@@ -10,10 +10,21 @@ Per model, over a window of ``window_s`` seconds:
 - TTFT, ITL: the histograms' means (Ray builds their ``_sum`` from bucket midpoints: close enough
   to correct a profile, not to report);
 - decode batch: the requests running on a decode replica, averaged over the window.
+
+Before those, ``ages`` says whether there is anything to read (``data_health.py``): how old the
+newest sample is of series each model exports whatever its load.
 """
 
 from pdserve.cluster.planner.model_planner import Observation
 from pdserve.cluster.prometheus import PrometheusAPI
+
+# The router's SLA target, a gauge it holds (serving/metrics.py: HeldGauges): the arrivals and
+# latencies come from the router. Counters would not do: one appears only once a request counts.
+ROUTER_SERIES = "ray_pdserve_sla_ttft_seconds"
+# Requests running, which every replica of either pool sets each second: the tokens come from
+# the pools.
+POOL_SERIES = "ray_pdserve_num_requests_running"
+ROUTER = "router"  # the source the router's series is named by, beside the pools'
 
 
 class PrometheusSource:
@@ -23,6 +34,14 @@ class PrometheusSource:
     def query(self, promql: str) -> dict[str, float]:
         """An instant query's value per ``model_name``; NaN and missing series are left out."""
         return self.api.by_label(promql, "model_name")
+
+    def ages(self) -> dict[tuple[str, str], float]:
+        """Per (model, source), how old the newest sample of the source's live series is, on
+        Prometheus' clock; the source is ``ROUTER`` or a pool. What Prometheus does not hold, or
+        has marked stale (its target stopped answering), is absent."""
+        router = self.api.sample_ages(ROUTER_SERIES, ("model_name",))
+        pools = self.api.sample_ages(POOL_SERIES, ("model_name", "pool"))
+        return {(model, ROUTER): age for (model,), age in router.items()} | pools
 
     def observe(self, models: list[str], window_s: float) -> dict[str, Observation]:
         w = f"{max(1, round(window_s))}s"

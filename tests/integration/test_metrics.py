@@ -22,7 +22,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdserve.cluster.planner.deployment import PlannerMetrics
+from pdserve.cluster.planner.planner_metrics import PlannerMetrics
 from pdserve.cluster.prometheus import PrometheusAPI, PrometheusServer
 from pdserve.cluster.serve import free_port
 from pdserve.router.metrics import RouterMetrics

@@ -17,6 +17,12 @@ RESULT = [
     {"metric": {}, "value": [1.0, "7"]},
 ]
 NAMES = ["ray_pdserve_prompt_tokens_total", "up"]
+# Evaluated at 100.0, the newest samples at 97.5 and 40.0: Prometheus' clock, both.
+AGES_QUERY = "max by (model_name, pool) (timestamp(up))"
+AGES = [
+    {"metric": {"model_name": "a", "pool": "decode"}, "value": [100.0, "97.5"]},
+    {"metric": {"model_name": "a", "pool": "prefill"}, "value": [100.0, "40"]},
+]
 
 
 class _Stub(BaseHTTPRequestHandler):
@@ -25,6 +31,8 @@ class _Stub(BaseHTTPRequestHandler):
         query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
         if url.path == "/api/v1/label/__name__/values":
             status, body = 200, {"status": "success", "data": NAMES}
+        elif query == AGES_QUERY:
+            status, body = 200, {"status": "success", "data": {"result": AGES}}
         elif query == "bad(":
             status, body = 400, {"status": "error", "error": "parse error"}
         elif query == "refused":
@@ -54,13 +62,18 @@ def api() -> Iterator[PrometheusAPI]:
 
 def test_a_query_gives_each_series_labels_and_value(api: PrometheusAPI) -> None:
     series = api.query("up")
-    assert series[0] == Series({"model_name": "a", "pool": "decode"}, 2.5)
+    assert series[0] == Series({"model_name": "a", "pool": "decode"}, 2.5, 1.0)
     assert len(series) == 3 and series[1].value != series[1].value  # NaN kept here
 
 
 def test_values_by_label_leave_nan_out(api: PrometheusAPI) -> None:
     assert api.by_label("up", "model_name") == {"a": 2.5, "": 7.0}
     assert api.by_label("up", "pool") == {"decode": 2.5, "": 7.0}
+
+
+def test_sample_ages_are_read_on_prometheus_clock_alone(api: PrometheusAPI) -> None:
+    ages = api.sample_ages("up", ("model_name", "pool"))
+    assert ages == {("a", "decode"): 2.5, ("a", "prefill"): 60.0}
 
 
 def test_metric_names(api: PrometheusAPI) -> None:
