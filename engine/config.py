@@ -1,9 +1,12 @@
-"""Typed, frozen configuration: the model (read from an HF ``config.json``) and the engine knobs."""
+"""Typed, frozen configuration: the model (read from an HF ``config.json`` or a GGUF file's
+metadata) and the engine knobs."""
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+from pdserve.engine.checkpoint_format import HF_CONFIG_FILE, gguf_file
 
 if TYPE_CHECKING:  # the router reads these configs and imports no torch
     import torch
@@ -70,7 +73,14 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ModelConfig":
-        config_path = Path(path) / "config.json"
+        """From an HF checkpoint folder's ``config.json``, or a GGUF checkpoint's metadata."""
+        gguf = gguf_file(path)
+        if gguf is not None:
+            # Imported here: only a GGUF checkpoint needs the gguf package.
+            from pdserve.engine.gguf_checkpoint import gguf_model_config
+
+            return gguf_model_config(gguf)
+        config_path = Path(path) / HF_CONFIG_FILE
         if not config_path.is_file():
             raise FileNotFoundError(f"model config not found: {config_path}")
         return cls.from_dict(json.loads(config_path.read_text()))

@@ -19,3 +19,8 @@ class EngineOverloadedError(RuntimeError):
 
 class EngineStoppedError(RuntimeError):
     """The engine loop is shut down (or died), so the request cannot run or finish."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint pdserve cannot load; the message is one line that names the file and why
+    (the CLI prints it without a traceback)."""

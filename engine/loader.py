@@ -1,13 +1,16 @@
-"""Build the model from an HF checkpoint directory (``model.safetensors`` or a sharded index)."""
+"""Build the model from a checkpoint: an HF directory (``model.safetensors`` or a sharded index)
+or a GGUF file (``engine/checkpoint_format.py``)."""
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from pdserve.engine.checkpoint_format import gguf_file
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.linear import onednn_packing_helps
 from pdserve.engine.model import LlamaForCausalLM
@@ -43,7 +46,7 @@ def load_model(
     """Builds the model without initialising weights, then copies every tensor from the files
     (and packs the linear weights for oneDNN where that is faster, see ``onednn_packing_helps``)."""
     path = Path(path)
-    files = checkpoint_files(path)
+    total_bytes, tensors = _checkpoint_tensors(path, config)
     # Built on the device from uninitialised tensors (no module here initialises at random), not on
     # "meta": materialising meta tensors imports torch's symbolic-shape machinery, seconds of a
     # replica's start.
@@ -51,7 +54,6 @@ def load_model(
         model = LlamaForCausalLM(config, dtype, device).to(dtype)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    total_bytes = sum(f.stat().st_size for f in files)
     with tqdm(
         total=total_bytes,
         unit="B",
@@ -59,20 +61,40 @@ def load_model(
         desc=f"loading {path.name}",
         disable=total_bytes < PROGRESS_MIN_BYTES,
     ) as bar:
-        for file in files:
-            with safe_open(file, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    tensor = f.get_tensor(name)
-                    target = _copy_into(params, name, tensor, config)
-                    if target is not None:
-                        loaded.add(target)
-                    bar.update(tensor.numel() * tensor.element_size())
+        for name, tensor, num_bytes in tensors:
+            target = _copy_into(params, name, tensor, config)
+            if target is not None:
+                loaded.add(target)
+            bar.update(num_bytes)
     missing = _expected_pieces(params, config) - loaded
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights: {', '.join(sorted(missing))}")
     if onednn_packing_helps(dtype, device):
         model.pack_linear_weights()
     return model.eval()
+
+
+def _checkpoint_tensors(
+    path: Path, config: ModelConfig
+) -> tuple[int, Iterator[tuple[str, torch.Tensor, int]]]:
+    """The checkpoint's size in bytes, and its (HF name, tensor, bytes read) one by one."""
+    gguf = gguf_file(path)
+    if gguf is not None:
+        # Imported here: only a GGUF checkpoint needs the gguf package.
+        from pdserve.engine.gguf_checkpoint import open_gguf
+        from pdserve.engine.gguf_weights import hf_tensors
+
+        return gguf.stat().st_size, hf_tensors(gguf, open_gguf(gguf), config)
+    files = checkpoint_files(path)
+    return sum(f.stat().st_size for f in files), _safetensors_tensors(files)
+
+
+def _safetensors_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor, int]]:
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                tensor = f.get_tensor(name)
+                yield name, tensor, tensor.numel() * tensor.element_size()
 
 
 def _copy_into(
