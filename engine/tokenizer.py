@@ -1,4 +1,5 @@
-"""Text <-> token ids for an HF checkpoint: ``tokenizer.json`` plus ``tokenizer_config.json``.
+"""Text <-> token ids for an HF checkpoint: ``tokenizer.json`` plus ``tokenizer_config.json``
+(or for a GGUF checkpoint, from its metadata: ``engine/gguf_tokenizer.py``).
 
 Encoding and decoding go through the ``tokenizers`` library; chat templates are rendered with jinja2
 exactly as transformers renders them, so prompts match what the model was trained on.
@@ -15,6 +16,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as Backend
+
+from pdserve.engine.checkpoint_format import gguf_file
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -52,7 +55,13 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "Tokenizer":
-        """Loads the tokenizer of the HF checkpoint directory ``path``."""
+        """Loads the tokenizer of the HF checkpoint directory (or GGUF checkpoint) ``path``."""
+        gguf = gguf_file(path)
+        if gguf is not None:
+            # Imported here: only a GGUF checkpoint needs the gguf package.
+            from pdserve.engine.gguf_tokenizer import gguf_tokenizer
+
+            return gguf_tokenizer(gguf)
         path = Path(path)
         backend = Backend.from_file(str(_required(path / TOKENIZER_FILE)))
         config = json.loads(_required(path / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
