@@ -11,6 +11,7 @@ import sys
 from types import ModuleType
 
 from pdserve.cluster.serve_env import apply_serve_env
+from pdserve.engine.errors import CheckpointError
 
 # subcommand -> (module exposing ``add_arguments(parser)`` and ``run(args) -> int``, one-line help)
 SUBCOMMANDS = {
@@ -55,7 +56,12 @@ def dispatch(
 def main(argv: list[str] | None = None) -> int:
     apply_serve_env()  # before any subcommand imports ray.serve
     module, args = dispatch("pdserve", SUBCOMMANDS, sys.argv[1:] if argv is None else argv)
-    return module.run(args)
+    try:
+        return module.run(args)
+    except CheckpointError as error:
+        # The user's file to fix, not pdserve's bug: its one line, not a traceback.
+        print(f"pdserve: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

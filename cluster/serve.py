@@ -16,6 +16,8 @@ from pdserve.cluster.access import API_KEY_ENV, warn_if_open
 from pdserve.cluster.prometheus import PrometheusServer, local_url, prometheus_binary
 from pdserve.cluster.ray_driver import init_ray
 from pdserve.cluster.serve_env import apply_serve_env
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.tokenizer import Tokenizer
 from pdserve.serving.config import (
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
@@ -240,8 +242,17 @@ def stop() -> None:
     ray.shutdown()
 
 
+def check_models(config: ClusterConfig) -> None:
+    """Reads each model's config and tokenizer as the router will, so that a checkpoint pdserve
+    cannot load fails here in one line (``CheckpointError``), not in a replica after Ray starts."""
+    for model in config.models:
+        ModelConfig.from_pretrained(model.path)
+        Tokenizer.from_pretrained(model.path)
+
+
 def run(args: argparse.Namespace) -> int:
     config = cluster_config(args)
+    check_models(config)
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
