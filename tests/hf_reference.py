@@ -7,8 +7,11 @@ import torch
 import transformers
 
 
-def hf_greedy(model_dir: Path, requests: Sequence[tuple[list[int], int]]) -> list[list[int]]:
-    """For each (prompt, number of new tokens), run alone (a batch of one, no padding).
+def hf_greedy(
+    model_dir: Path, requests: Sequence[tuple[list[int], int]], gguf_file: str | None = None
+) -> list[list[int]]:
+    """For each (prompt, number of new tokens), run alone (a batch of one, no padding); with
+    ``gguf_file``, the model is transformers' GGUF load of that file in ``model_dir``.
 
     What ``generate(do_sample=False)`` does, written out: the model's forward over the prompt,
     then one token at a time over transformers' own KV cache, taking the argmax of the last
@@ -17,7 +20,7 @@ def hf_greedy(model_dir: Path, requests: Sequence[tuple[list[int], int]]) -> lis
     with the engine's ``ignore_eos``.
     """
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
+        model_dir, gguf_file=gguf_file, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     outputs, threads = [], torch.get_num_threads()
     # On one thread: as fast as on two on the tiny model, and faster beside another busy process
