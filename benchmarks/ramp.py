@@ -1,7 +1,7 @@
 """``pdserve bench ramp``: a load that steps through rates against a serving pdserve whose SLA
 planner is on, and what the planner did about it.
 
-Requests (new random prompts of ``--prompt-len`` tokens, ``--max-tokens`` out, streamed) are sent
+Requests (new random prompts of ``--input-len`` tokens, ``--output-len`` out, streamed) are sent
 as a Poisson process whose rate steps through ``--stages`` (``rate:seconds,...``). Every
 ``--sample-s`` the planner's target and the running replicas per pool are read from Prometheus
 (``ray_pdserve_planner_target_replicas``, ``ray_pdserve_pool_running_replicas``), and the model's
@@ -95,7 +95,7 @@ async def _run_load(
     offsets = send_times(stages, args.seed)
     rng = random.Random(args.seed + 1)
     items = [
-        WorkItem([rng.randrange(vocab) for _ in range(args.prompt_len)], args.max_tokens)
+        WorkItem([rng.randrange(vocab) for _ in range(args.input_len)], args.output_len)
         for _ in offsets
     ]
     start, done = time.perf_counter(), asyncio.Event()
@@ -165,8 +165,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="the served model's name")
     parser.add_argument("--vocab-size", type=int, default=4096, help="prompt token ids below it")
     parser.add_argument("--stages", default="1:60,6:60,1:60", help="rate:seconds,... (req/s)")
-    parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=512, help="prompt tokens")
+    parser.add_argument("--output-len", type=int, default=64, help="max_tokens")
     parser.add_argument("--cooldown-s", type=float, default=60.0, help="sampling after the load")
     parser.add_argument("--sample-s", type=float, default=2.0, help="Prometheus reads")
     parser.add_argument("--window-s", type=float, default=10.0, help="per-window latencies")
@@ -180,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
     failed = [s.error for s in sent if s.error is not None]
     result = {
         "model": args.model,
-        "command": f"pdserve bench ramp --stages {args.stages} --prompt-len {args.prompt_len} "
-        f"--max-tokens {args.max_tokens} --seed {args.seed}",
+        "command": f"pdserve bench ramp --stages {args.stages} --input-len {args.input_len} "
+        f"--output-len {args.output_len} --seed {args.seed}",
         "stages": [s._asdict() for s in stages],
         "targets_ms": _sla_ms(PrometheusAPI(args.prometheus), args.model),
         "requests": [_request_row(s) for s in sent],

@@ -7,12 +7,17 @@ the packages another verb uses.
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from types import ModuleType
 
+from pdserve.cluster.ports import PortInUseError
 from pdserve.cluster.serve_env import apply_serve_env
 from pdserve.engine.errors import CheckpointError
 
+DISTRIBUTION = "pdserve"
+# What the user must fix, not pdserve's bug: its one line, not a traceback.
+USER_ERRORS = (CheckpointError, PortInUseError)
 # subcommand -> (module exposing ``add_arguments(parser)`` and ``run(args) -> int``, one-line help)
 SUBCOMMANDS = {
     "make-model": ("pdserve.cluster.make_model", "write a built-in model in Hugging Face format"),
@@ -31,13 +36,16 @@ SUBCOMMANDS = {
 
 
 def dispatch(
-    prog: str, commands: dict[str, tuple[str, str]], argv: list[str]
+    prog: str, commands: dict[str, tuple[str, str]], argv: list[str], version: str | None = None
 ) -> tuple[ModuleType, argparse.Namespace]:
     """Parses ``argv`` as ``prog COMMAND ...``, importing only COMMAND's module; returns it with
     the parsed arguments. A module with a ``SUBCOMMANDS`` table of its own is a group (``pdserve
-    bench NAME``). Without a known command, prints the usage (exits 0 on --help, else 2)."""
+    bench NAME``). Without a known command, prints the usage (exits 0 on --help or --version,
+    when ``version`` is given, else 2)."""
     if not argv or argv[0] not in commands:
         parser = argparse.ArgumentParser(prog=prog)
+        if version is not None:
+            parser.add_argument("--version", action="version", version=f"{prog} {version}")
         sub = parser.add_subparsers(dest="command", required=True)
         for name, (_, help_line) in commands.items():
             sub.add_parser(name, help=help_line)
@@ -55,11 +63,12 @@ def dispatch(
 
 def main(argv: list[str] | None = None) -> int:
     apply_serve_env()  # before any subcommand imports ray.serve
-    module, args = dispatch("pdserve", SUBCOMMANDS, sys.argv[1:] if argv is None else argv)
+    version = importlib.metadata.version(DISTRIBUTION)
+    argv = sys.argv[1:] if argv is None else argv
+    module, args = dispatch("pdserve", SUBCOMMANDS, argv, version)
     try:
         return module.run(args)
-    except CheckpointError as error:
-        # The user's file to fix, not pdserve's bug: its one line, not a traceback.
+    except USER_ERRORS as error:
         print(f"pdserve: error: {error}", file=sys.stderr)
         return 1
 

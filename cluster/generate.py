@@ -2,21 +2,25 @@
 
 import argparse
 
+from pdserve.cluster.engine_flags import add_engine_arguments, engine_section
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 
+# `--seed` here is the requests' own seed (vLLM's sampling `seed`), not the engine's.
+NOT_ENGINE_FLAGS = frozenset({"seed"})
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="HF checkpoint directory")
+    parser.add_argument("--model", required=True, help="an HF checkpoint folder or a GGUF file")
     parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_engine_arguments(parser, skip=NOT_ENGINE_FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(model=args.model, **engine_section(args, skip=NOT_ENGINE_FLAGS))
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )

@@ -1,8 +1,9 @@
 """Serve models on Ray: router + prefill + decode pools, until Ctrl-C (``pdserve serve``).
 
-With no arguments: makes the built-in tiny model if missing, starts a local Ray cluster and deploys
-one prefill and one decode replica behind the router. ``--config`` takes a deployment YAML
-(``ClusterConfig``); ``--model`` serves one HF checkpoint with the pool flags.
+With no model: makes the built-in tiny model if missing, starts a local Ray cluster and deploys
+one prefill and one decode replica behind the router. ``pdserve serve MODEL`` (or ``--model``)
+serves an HF folder or a GGUF file with the pool and engine flags, vLLM's names where vLLM has the
+knob; ``--config`` takes a deployment YAML (``ClusterConfig``) instead.
 """
 
 import argparse
@@ -13,6 +14,8 @@ import threading
 from pathlib import Path
 
 from pdserve.cluster.access import API_KEY_ENV, warn_if_open
+from pdserve.cluster.engine_flags import add_engine_arguments, engine_section
+from pdserve.cluster.ports import check_free
 from pdserve.cluster.prometheus import PrometheusServer, local_url, prometheus_binary
 from pdserve.cluster.ray_driver import init_ray
 from pdserve.cluster.serve_env import apply_serve_env
@@ -46,16 +49,26 @@ LOOPBACK = "127.0.0.1"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help=f"an HF checkpoint folder or a GGUF file (default: {DEFAULT_MODEL_DIR}, made)",
+    )
     source.add_argument("--config", help="deployment YAML (see README: configuration)")
-    source.add_argument("--model", help=f"HF checkpoint dir (default: {DEFAULT_MODEL_DIR}, made)")
-    parser.add_argument("--name", help="served model name (default: the directory's name)")
+    source.add_argument("--model", help="MODEL, as a flag")
+    parser.add_argument(
+        "--served-model-name",
+        "--name",
+        dest="name",
+        help="the name clients send as `model` (default: the checkpoint's file or folder name)",
+    )
     parser.add_argument("--prefill-replicas", type=int, default=1, help="0: aggregated")
     parser.add_argument("--decode-replicas", type=int, default=1)
     parser.add_argument(
         "--local-prefill-max-tokens", type=int, default=DEFAULT_LOCAL_PREFILL_MAX_TOKENS
     )
     parser.add_argument("--kv-backend", choices=["auto", "nixl", "object_store"], default="auto")
-    parser.add_argument("--num-kv-blocks", type=int, help="KV blocks per replica")
     parser.add_argument(
         "--max-concurrent-requests",
         type=int,
@@ -70,7 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a key clients must send as `Authorization: Bearer KEY` (repeat for several; "
         f"also read from {API_KEY_ENV}, which `ps` does not show)",
     )
-    parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
+    parser.add_argument(
+        "--host", default=ClusterConfig.model_fields["http_host"].default, help="where HTTP listens"
+    )
+    parser.add_argument(
+        "--port", "--http-port", dest="port", type=int, default=DEFAULT_HTTP_PORT, help="HTTP"
+    )
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     parser.add_argument("--address", help="join a running Ray cluster (e.g. auto); default: local")
     parser.add_argument(
@@ -95,6 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-replicas", type=int, default=DEFAULT_MAX_REPLICAS, help="per pool, for the planner"
     )
+    add_engine_arguments(parser)
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
@@ -127,27 +146,29 @@ def _profile(model_dir: str) -> str:
 def _from_file_or_flags(args: argparse.Namespace) -> ClusterConfig:
     if args.config:
         return ClusterConfig.from_yaml(args.config)
-    model_dir = Path(args.model) if args.model else DEFAULT_MODEL_DIR
-    if not args.model and not (model_dir / "config.json").is_file():
+    given = args.model_tag or args.model
+    path = Path(given) if given else DEFAULT_MODEL_DIR
+    if not given and not (path / "config.json").is_file():
         from pdserve.cluster.make_model import make_model
 
-        make_model("tiny", model_dir)
-    engine = {} if args.num_kv_blocks is None else {"num_kv_blocks": args.num_kv_blocks}
+        make_model("tiny", path)
     highest = max(args.max_replicas, args.prefill_replicas, args.decode_replicas)
     bounds = {"min_replicas": 1, "max_replicas": highest} if args.planner else {}
     prefill_bounds = bounds if args.prefill_replicas > 0 else {}
     model = {
-        "name": args.name or model_dir.name,
+        "name": args.name or path.name,
         "log_stats_interval_s": 0.0 if args.disable_log_stats else DEFAULT_LOG_STATS_INTERVAL_S,
-        "path": str(model_dir.resolve()),
-        "engine": engine,
+        "path": str(path.resolve()),
+        "engine": engine_section(args),
         "prefill": {"replicas": args.prefill_replicas, **prefill_bounds},
         "decode": {"replicas": args.decode_replicas, **bounds},
         "routing": {"local_prefill_max_tokens": args.local_prefill_max_tokens},
         "kv_transfer": {"backend": args.kv_backend},
         "max_concurrent_requests": args.max_concurrent_requests,
     }
-    return ClusterConfig(models=[model], http_port=args.http_port, grpc_port=args.grpc_port)
+    return ClusterConfig(
+        models=[model], http_host=args.host, http_port=args.port, grpc_port=args.grpc_port
+    )
 
 
 def start(config: ClusterConfig, address: str | None = None, dashboard: bool = False) -> None:
@@ -174,6 +195,11 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {FREE_PORT_RANGE}")
 
 
+def joins(address: str | None) -> bool:
+    """Whether ``address`` names a running cluster to join ("local", or none: a new one)."""
+    return address is not None and address != "local"
+
+
 def connect(
     address: str | None = None, dashboard: bool = False, env_vars: dict[str, str] | None = None
 ) -> None:
@@ -190,7 +216,7 @@ def connect(
     env_vars = apply_serve_env() | (env_vars or {})
     # "local": a new cluster, never one a stray `ray start` left behind.
     global _joined
-    _joined = address is not None and address != "local"
+    _joined = joins(address)
     local = {"_system_config": {"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS}}
     init_ray(
         address=address or "local",
@@ -253,6 +279,8 @@ def check_models(config: ClusterConfig) -> None:
 def run(args: argparse.Namespace) -> int:
     config = cluster_config(args)
     check_models(config)
+    if not joins(args.address):  # a running cluster's Serve may hold these ports itself
+        check_free(config.http_host, config.http_port, config.grpc_port)
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())

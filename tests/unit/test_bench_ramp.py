@@ -1,10 +1,14 @@
 """The ramp benchmark's schedule and windows (its run against a server is in docs/benchmarks.md)."""
 
+import argparse
+
 import pytest
 
+from pdserve.benchmarks import ramp
 from pdserve.benchmarks.arrivals import Stage, parse_stages, send_times
 from pdserve.benchmarks.latency import Timing
 from pdserve.benchmarks.ramp import Sent, windows
+from pdserve.benchmarks.serve_bench import cli as serve_bench
 
 
 def test_stages_parse_and_refuse_nonsense() -> None:
@@ -32,3 +36,12 @@ def test_windows_count_what_was_sent_in_them_and_its_p95() -> None:
     assert rows[0]["ttft_p95_ms"] == pytest.approx(100.0)
     assert rows[0]["itl_p95_ms"] == pytest.approx(30.0)  # p95 of 10, 10, 30, 30 ms
     assert rows[1]["ttft_p95_ms"] is None and rows[1]["itl_p95_ms"] is None
+
+
+def test_ramp_names_the_request_shape_as_bench_serve_does() -> None:
+    argv = ["--input-len", "32", "--output-len", "8"]
+    for module in (ramp, serve_bench):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        args = parser.parse_args(argv)
+        assert (args.input_len, args.output_len) == (32, 8), module.__name__

@@ -1,13 +1,16 @@
-"""``pdserve serve``'s flags and files into a ``ClusterConfig``: a planner without a Prometheus
-of its own reads the one ``pdserve serve`` starts on ``--prometheus-port``."""
+"""``pdserve serve``'s flags and files into a ``ClusterConfig``: the engine's flags are its
+``engine:`` section, vLLM's names; a planner without a Prometheus of its own reads the one
+``pdserve serve`` starts on ``--prometheus-port``."""
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pdserve.cluster import serve
+from pdserve.engine.config import EngineConfig
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -84,3 +87,64 @@ def test_a_local_cluster_keeps_its_dashboard_on_loopback(monkeypatch: pytest.Mon
     (kwargs,) = calls
     assert kwargs["address"] == "local" and kwargs["include_dashboard"]
     assert kwargs["dashboard_host"] == serve.LOOPBACK == "127.0.0.1"
+
+
+def test_engine_flags_are_the_config_s_engine_section(tiny_model_dir: Path) -> None:
+    args = _args(
+        str(tiny_model_dir), "--dtype", "bfloat16", "--max-model-len", "512",
+        "--max-num-seqs", "8", "--device", "cuda", "--num-kv-blocks", "64",
+        "--no-enable-prefix-caching",
+    )  # fmt: skip
+    (model,) = serve.cluster_config(args).models
+    assert model.engine == {
+        "dtype": "bfloat16",
+        "max_model_len": 512,
+        "max_num_seqs": 8,
+        "device": "cuda",
+        "num_kv_blocks": 64,
+        "enable_prefix_caching": False,
+    }
+    (plain,) = serve.cluster_config(_args(str(tiny_model_dir))).models
+    assert plain.engine == {} and plain.engine_config() == EngineConfig(model=plain.path)
+
+
+def test_every_engine_field_is_a_flag_of_its_name_and_type(tiny_model_dir: Path) -> None:
+    """Each field's default, given as its flag, comes back as that field: one schema, derived."""
+    argv, expected = [str(tiny_model_dir)], {}
+    for field in dataclasses.fields(EngineConfig):
+        if field.name == "model":
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        if field.default is None:
+            assert f"{flag} " in _help(), flag  # a flag still, left out: the engine decides
+            continue
+        argv += [flag] if field.default is True else [flag, str(field.default)]
+        expected[field.name] = field.default
+    (model,) = serve.cluster_config(_args(*argv)).models
+    assert model.engine == expected
+    assert model.engine_config() == EngineConfig(model=model.path)
+
+
+def _help() -> str:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    return parser.format_help()
+
+
+def test_the_model_as_vllm_takes_it_its_name_and_the_http_address(tiny_model_dir: Path) -> None:
+    args = _args(
+        str(tiny_model_dir), "--served-model-name", "mine", "--host", "127.0.0.1",
+        "--port", "8100", "--grpc-port", "9100",
+    )  # fmt: skip
+    config = serve.cluster_config(args)
+    assert (config.http_host, config.http_port, config.grpc_port) == ("127.0.0.1", 8100, 9100)
+    assert [(m.name, m.path) for m in config.models] == [("mine", str(tiny_model_dir))]
+    flagged = serve.cluster_config(_args("--model", str(tiny_model_dir), "--http-port", "8100"))
+    assert flagged.models[0].name == "tiny" and flagged.http_port == 8100
+
+
+@pytest.mark.parametrize("extra", [["--model", "other"], ["--config", "cluster.yaml"]])
+def test_one_model_source_at_a_time(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _args("models/tiny", *extra)
+    assert exit_.value.code == 2 and "not allowed with" in capsys.readouterr().err
