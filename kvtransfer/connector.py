@@ -4,6 +4,7 @@ An owner (prefill role) ``export``s finished blocks under a lease and calls ``po
 which frees blocks whose reader said it is done or whose lease ran out. A reader (decode role)
 ``add_peer``s the owner's ``PeerInfo`` once, then ``pull``s an export into its own block ids.
 Every transfer is a ``Transfer`` to poll; no call blocks for long (NIXL copies a chunk per poll).
+A pull is done only once what landed matches the owner's checksums at export (``integrity``).
 A connector is not thread-safe: call it from one thread.
 
 Pull is the only direction (issue 16 kept one of push and pull): the first token reaches the
@@ -20,16 +21,19 @@ from collections.abc import Callable
 
 import torch
 
+from pdserve.kvtransfer import faults
+from pdserve.kvtransfer.faults import NO_FAULT, KVFault
 from pdserve.kvtransfer.handles import (
     IncompatiblePeerError,
     KVExport,
     KVTransferError,
     PeerInfo,
 )
+from pdserve.kvtransfer.integrity import block_checksums, check_checksums
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.leases import DEFAULT_LEASE_SECONDS, LeaseTable
 from pdserve.kvtransfer.stats import TransferStats
-from pdserve.kvtransfer.transfer import DEFAULT_TIMEOUT_SECONDS, Transfer
+from pdserve.kvtransfer.transfer import DEFAULT_TIMEOUT_SECONDS, PollFn, Transfer
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +52,11 @@ class KVConnector(ABC):
         name: str | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        verify: bool = True,
+        fault_injection: KVFault = NO_FAULT,
     ) -> None:
+        """``verify``: checksum each exported block, and check what lands (``integrity``).
+        ``fault_injection``: test-only (``faults``)."""
         layout.check_cache(kv_cache)
         self.kv_cache = kv_cache
         self.layout = layout
@@ -57,6 +65,8 @@ class KVConnector(ABC):
         self.block_bytes = kv_cache[0].numel() * kv_cache.element_size()
         self.lease_seconds = lease_seconds
         self.timeout = timeout
+        self.verify = verify
+        self.fault_injection = fault_injection
         self.stats = TransferStats()
         self._free_blocks = free_blocks
         self._leases = LeaseTable(free_blocks, self.name)
@@ -108,8 +118,14 @@ class KVConnector(ABC):
 
     def export(self, block_ids: list[int]) -> KVExport:
         """Makes blocks readable by a peer until the lease ends; they stay pinned till then."""
+        checksums = self._checksums(block_ids)
         lease_id = self._leases.grant(block_ids, self.lease_seconds)
-        return KVExport(self.name, tuple(block_ids), lease_id, self.lease_seconds)
+        self._inject_reuse(block_ids)
+        if self.fault_injection == "free_early":
+            self._leases.release(lease_id)
+        return KVExport(
+            self.name, tuple(block_ids), lease_id, self.lease_seconds, checksums=checksums
+        )
 
     def drop_lease(self, lease_id: str) -> None:
         """From any thread: the export's reader will not come (the request ended before a decode
@@ -145,6 +161,30 @@ class KVConnector(ABC):
 
     @abstractmethod
     def _connect(self, info: PeerInfo) -> None: ...
+
+    def _checksums(self, block_ids: list[int]) -> tuple[int, ...]:
+        return block_checksums(self.kv_cache, block_ids) if self.verify else ()
+
+    def _inject_reuse(self, block_ids: list[int]) -> None:
+        if self.fault_injection == "reuse":
+            faults.overwrite(self.kv_cache, block_ids[0])
+
+    def _checked(
+        self, what: str, landed: PollFn, export: KVExport, skip: int, block_ids: list[int]
+    ) -> PollFn:
+        """A pull's poll function that, once the blocks have landed, checks them against their
+        checksums at export (raising ``KVIntegrityError``) before anything reads them."""
+
+        def poll() -> bool:
+            if not landed():
+                return False
+            if self.fault_injection == "corrupt":
+                faults.flip_a_bit(self.kv_cache, block_ids[0])
+            if self.verify and export.checksums:
+                check_checksums(what, self.kv_cache, block_ids, export.checksums[skip:])
+            return True
+
+        return poll
 
     @abstractmethod
     def _start_pull(

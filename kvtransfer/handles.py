@@ -10,6 +10,15 @@ from pdserve.kvtransfer.layout import KVLayout
 class KVTransferError(RuntimeError):
     """A transfer failed or timed out, or a peer is gone; the caller may recompute instead."""
 
+    reason = "error"  # the label it is counted under in ``kv_transfer_failures``
+
+
+class KVIntegrityError(KVTransferError):
+    """The blocks landed, but not as exported: a block's checksum differs (corrupted on the way,
+    or overwritten under the read) or its owner freed it before the read was done."""
+
+    reason = "checksum"
+
 
 class IncompatiblePeerError(KVTransferError):
     """A peer's cache layout differs from ours; the message names each difference."""
@@ -28,6 +37,7 @@ class PeerInfo:
     base_address: int = 0  # NIXL: address of block 0 of the registered cache
     mem_type: str = "DRAM"  # NIXL: "DRAM" (CPU) or "VRAM" (GPU)
     device_id: int = 0
+    generations_address: int = 0  # NIXL: address of the blocks' generation counters (int64 each)
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,10 @@ class KVExport:
     lease_id: str
     lease_seconds: float
     payload: Any = None  # object-store backend: the ObjectRef of the blocks' contents
+    # Per block, as exported: its CRC-32 (empty when the owner does not verify) and, over NIXL,
+    # its generation, which moves on when the owner frees it.
+    checksums: tuple[int, ...] = ()
+    generations: tuple[int, ...] = ()
     since: float = field(default_factory=time.monotonic, compare=False)
 
     def time_left(self) -> float:
@@ -54,4 +68,4 @@ class KVExport:
 
     def __reduce__(self) -> tuple:
         fields = (self.owner, self.block_ids, self.lease_id, self.time_left(), self.payload)
-        return KVExport, fields
+        return KVExport, (*fields, self.checksums, self.generations)

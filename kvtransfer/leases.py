@@ -2,6 +2,7 @@
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,11 +22,15 @@ class LeaseTable:
         self._prefix = prefix
         self._ids = itertools.count()
         self._leases: dict[str, _Lease] = {}
+        # Block id -> leases pinning it: prefill replicas share cached prefix blocks, so two
+        # leases can pin one block.
+        self._pins: Counter[int] = Counter()
 
     def grant(self, block_ids: list[int], seconds: float) -> str:
         """Pins the blocks for ``seconds`` from now; returns the lease id."""
         lease_id = f"{self._prefix}:{next(self._ids)}"
         self._leases[lease_id] = _Lease(list(block_ids), time.monotonic() + seconds)
+        self._pins.update(block_ids)
         return lease_id
 
     def release(self, lease_id: str) -> bool:
@@ -33,6 +38,7 @@ class LeaseTable:
         lease = self._leases.pop(lease_id, None)
         if lease is None:
             return False
+        self._pins.subtract(lease.block_ids)
         self._free_blocks(lease.block_ids)
         return True
 
@@ -47,6 +53,10 @@ class LeaseTable:
     def release_all(self) -> None:
         for lease_id in list(self._leases):
             self.release(lease_id)
+
+    def is_pinned(self, block_id: int) -> bool:
+        """Whether a lease still pins the block (during ``free_blocks``: another lease)."""
+        return self._pins[block_id] > 0
 
     @property
     def num_pinned_blocks(self) -> int:

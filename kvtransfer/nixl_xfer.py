@@ -5,7 +5,9 @@ posted at once, a long prompt's blocks would hold a decode loop for the whole co
 posts chunks until it has spent ``post_budget`` seconds (at least one chunk); an engine loop that
 polls between steps interleaves the copy with them. Where posts return at once (GPU memory, RDMA)
 every chunk goes out in the first poll. The notification rides on the last chunk only, posted once
-the others have landed, so the owner hears of the read after all its bytes are in place.
+the others have landed, so the owner hears of the read after all its bytes are in place. A
+``last`` chunk, when given, goes after the blocks' (a checked pull reads the owner's block
+generations there, after the blocks, and so tells the owner only then).
 """
 
 import logging
@@ -30,6 +32,7 @@ class ChunkedXfer:
         notification: bytes,
         chunk_blocks: int,
         post_budget: float,
+        last: tuple[list[int], list[int]] | None = None,
     ) -> None:
         self._what = what
         self._agent = agent
@@ -37,11 +40,13 @@ class ChunkedXfer:
         self._remote = remote
         self._notification = notification
         self._post_budget = post_budget
-        # (our block indices, the peer's), in order; the last carries the notification.
+        # (our descriptor indices, the peer's), in order; the last carries the notification.
         self._chunks = deque(
             (local_ids[i : i + chunk_blocks], remote_ids[i : i + chunk_blocks])
             for i in range(0, len(local_ids), chunk_blocks)
         )
+        if last is not None:
+            self._chunks.append(last)
         self._in_flight: list[Any] = []  # posted handles not yet seen done
 
     def poll(self) -> bool:

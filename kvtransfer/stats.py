@@ -2,6 +2,11 @@
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
+
+# Why a transfer failed: its lease ran out before the pull, it timed out, the backend failed, or
+# the blocks landed other than exported (``integrity``).
+FailureReason = Literal["lease_expired", "timeout", "error", "checksum"]
 
 
 @dataclass
@@ -17,6 +22,5 @@ class TransferStats:
     def num_failures(self) -> int:
         return self.failures.total()
 
-    def fail(self, reason: str) -> None:
-        """Counts a failed transfer: "lease_expired", "timeout" or "error"."""
+    def fail(self, reason: FailureReason) -> None:
         self.failures[reason] += 1

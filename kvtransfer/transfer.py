@@ -50,7 +50,7 @@ class Transfer:
                 self._end(None)
                 return True
         except KVTransferError as error:
-            self._end(error, "error")
+            self._end(error, error.reason)
         except Exception as error:  # a backend's own exception type
             self._end(KVTransferError(f"{self.what}: {type(error).__name__}: {error}"), "error")
         else:

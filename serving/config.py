@@ -24,6 +24,7 @@ from pdserve.engine.config import (
     DEFAULT_MAX_NUM_SEQS,
     EngineConfig,
 )
+from pdserve.kvtransfer.faults import NO_FAULT, KVFault
 from pdserve.kvtransfer.leases import DEFAULT_LEASE_SECONDS
 from pdserve.kvtransfer.transfer import DEFAULT_TIMEOUT_SECONDS
 
@@ -152,6 +153,11 @@ class KVTransferConfig(_Strict):
     backend: Literal["auto", "nixl", "object_store"] = "auto"
     lease_seconds: float = Field(DEFAULT_LEASE_SECONDS, gt=0)
     timeout_seconds: float = Field(DEFAULT_TIMEOUT_SECONDS, gt=0)
+    # Checksum each exported block and check it, with its lease's generation, where it lands; a
+    # block that landed wrong is recomputed (kvtransfer/integrity.py). Off only to measure it.
+    verify: bool = True
+    # Test-only: break every transfer this way (kvtransfer/faults.py). Never set in production.
+    fault_injection: KVFault = NO_FAULT
 
 
 class ServedModel(_Strict):

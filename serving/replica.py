@@ -41,6 +41,8 @@ def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
             transfer.backend,
             lease_seconds=transfer.lease_seconds,
             timeout=transfer.timeout_seconds,
+            verify=transfer.verify,
+            fault_injection=transfer.fault_injection,
         )
         connectors.append(connector)
         return ConnectorHooks(connector)

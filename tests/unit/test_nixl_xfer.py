@@ -76,3 +76,18 @@ def test_an_error_raises_and_release_cancels_what_is_in_flight() -> None:
         xfer.poll()
     xfer.release()
     assert all(h.released for h in agent.posted)
+
+
+def test_a_last_chunk_goes_after_every_block_has_landed_and_notifies() -> None:
+    # A checked pull's generation counters: read only once the blocks are in.
+    agent = FakeAgent(synchronous=False)
+    ids = list(range(6))
+    last = ([100, 101], [100, 101])
+    xfer = ChunkedXfer("test", agent, None, ids, None, ids, NOTIFICATION, 4, 60.0, last=last)
+    assert not xfer.poll() and [h.local_ids for h in agent.posted] == [[0, 1, 2, 3], [4, 5]]
+    for handle in agent.posted:
+        handle.state = "DONE"
+    assert not xfer.poll() and agent.posted[-1].local_ids == [100, 101]
+    assert [h.notification for h in agent.posted] == [b"", b"", NOTIFICATION]
+    agent.posted[-1].state = "DONE"
+    assert xfer.poll()
