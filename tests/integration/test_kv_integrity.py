@@ -1,0 +1,95 @@
+"""Checked KV between two Ray actors (tiny-preset engines, as in test_kvtransfer.py): a block
+corrupted on the way, freed early or reused under the read is caught where it lands, counted
+under reason "checksum", and the prompt recomputed to exactly the fault-free output."""
+
+import pytest
+import ray
+import torch
+
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kvtransfer.handles import KVIntegrityError
+from pdserve.kvtransfer.nixl_shim import nixl_available
+from pdserve.tests.integration.kv_peer import KVPeer
+
+pytestmark = pytest.mark.slow
+
+NUM_BLOCKS = 64
+OCCUPIED = 7  # the reader's blocks taken first, so its block ids differ from the owner's
+TIMEOUT = 3.0
+VOCAB_SIZE = 4096  # the tiny preset's
+PARAMS = SamplingParams(temperature=0.0, max_tokens=16, logprobs=2)
+needs_nixl = pytest.mark.skipif(not nixl_available(), reason="NIXL not importable")
+# free_early is NIXL's alone: the object store copies the blocks at export (kvtransfer/faults.py).
+FAULTS = [
+    *(pytest.param(("nixl", f), marks=needs_nixl) for f in ("corrupt", "free_early", "reuse")),
+    ("object_store", "corrupt"),
+    ("object_store", "reuse"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _on_ray(ray_cluster) -> None:
+    """The peers are actors on the session's cluster."""
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB_SIZE, (300,), generator=generator).tolist()
+
+
+@pytest.fixture
+def pair(tiny_model_dir, request):
+    """An owner and a reader over ``request.param``'s (backend, fault): each applies its role's."""
+    backend, fault = request.param
+    owner = KVPeer.remote(str(tiny_model_dir), NUM_BLOCKS, backend, fault_injection=fault)
+    reader = KVPeer.remote(
+        str(tiny_model_dir),
+        NUM_BLOCKS,
+        backend,
+        timeout=TIMEOUT,
+        enable_prefix_caching=False,
+        fault_injection=fault,
+    )
+    ray.get(reader.occupy.remote(OCCUPIED))
+    ray.get(reader.add_peer.remote(ray.get(owner.info.remote())))
+    yield owner, reader
+    for actor in (owner, reader):
+        ray.kill(actor)
+
+
+@pytest.mark.parametrize("pair", FAULTS, indirect=True)
+def test_integrity_a_block_that_landed_wrong_is_caught_counted_and_recomputed(pair, prompt):
+    owner, reader = pair
+    fault_free = ray.get(reader.generate.remote(prompt, PARAMS))  # prefilled and decoded here
+    _, owner_blocks = ray.get(owner.prefill.remote(prompt))
+    export = ray.get(owner.export.remote(owner_blocks))
+    reader_blocks = ray.get(reader.reserve.remote("pulled", prompt, PARAMS))
+    with pytest.raises(KVIntegrityError, match="landed wrong"):
+        ray.get(reader.pull.remote(export, reader_blocks))
+    assert ray.get(reader.stats.remote())["failures"] == {"checksum": 1}
+    # What the decode replica does on a failed transfer: prefill the prompt itself.
+    assert ray.get(reader.recompute.remote("pulled")) == fault_free
+    ray.get(reader.vacate.remote())
+    assert ray.get(reader.poll.remote()) == NUM_BLOCKS
+
+
+@needs_nixl
+@pytest.mark.parametrize("pair", [("nixl", "none")], indirect=True)
+def test_integrity_a_block_two_leases_share_is_read_after_the_first_lease_ends(pair, prompt):
+    # Two prefills of one prompt share its cached full blocks; the first lease's end must not
+    # move their generation on while the second still pins them.
+    owner, reader = pair
+    fault_free = ray.get(reader.generate.remote(prompt, PARAMS))
+    _, first_blocks = ray.get(owner.prefill.remote(prompt))
+    first = ray.get(owner.export.remote(first_blocks))
+    token, second_blocks = ray.get(owner.prefill.remote(prompt))
+    second = ray.get(owner.export.remote(second_blocks))
+    assert set(first_blocks) & set(second_blocks)
+    ray.get(owner.drop_lease.remote(first.lease_id))
+    ray.get(owner.poll.remote())
+    reader_blocks = ray.get(reader.reserve.remote("shared", prompt, PARAMS))
+    ray.get(reader.pull.remote(second, reader_blocks))
+    tokens, _ = ray.get(reader.decode.remote("shared", token))
+    assert tokens == fault_free[0]
+    assert ray.get(reader.stats.remote())["failures"] == {}
