@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.own_ray_cluster]
 RAY_DAEMONS = ("raylet", "gcs_server")
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 64  # SmolLM2 answers it in one sentence and stops
+IGNORE_EOS = {"ignore_eos": True}  # the tiny model's random text runs to its length
 
 
 def _ray_daemon_pids() -> set[int]:
@@ -65,7 +66,7 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
                 max_tokens=MAX_TOKENS,
                 temperature=0,
                 stream=True,
-                extra_body={} if real else {"ignore_eos": True},
+                extra_body={} if real else IGNORE_EOS,
             )
             chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -79,3 +80,24 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
         time.sleep(0.5)
     assert not left, f"Ray daemons left running: {left}"
     assert prometheus_port is None or not _listening(prometheus_port), "Prometheus still runs"
+
+
+def test_serve_takes_vllm_s_command_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``pdserve serve MODEL --served-model-name --port --dtype --max-model-len``, as with vLLM."""
+    http_port, max_model_len = free_port(), 256
+    argv = [
+        str(tiny_model_dir), "--served-model-name", "mine", "--port", str(http_port),
+        "--grpc-port", str(free_port()), "--dtype", "bfloat16",
+        "--max-model-len", str(max_model_len), "--prefill-replicas", "0",
+    ]  # fmt: skip
+    with pdserve_serve(argv, tmp_path):
+        base_url = f"http://127.0.0.1:{http_port}/v1"
+        with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+            (card,) = client.models.list().data
+            assert (card.id, card.max_model_len) == ("mine", max_model_len)
+            completion = client.completions.create(
+                model="mine", prompt="The cache holds", max_tokens=4, extra_body=IGNORE_EOS
+            )
+            assert completion.choices[0].finish_reason == "length"
+            with pytest.raises(openai.BadRequestError, match="maximum context length"):
+                client.completions.create(model="mine", prompt="x", max_tokens=max_model_len)
