@@ -64,8 +64,10 @@ test-deps:
 		--no-install-recommends prometheus >/dev/null; } || \
 		echo "prometheus is not installed: the tests that need it will skip"
 
-# Two pytest runs side by side: the tests that use Ray (one cluster, in order) and the rest, which
-# run in the Ray tests' waits. The Ray run reports as it goes, the other when both are done.
+# Two pytest runs side by side: the tests that use Ray (one cluster, in order) and the rest, on two
+# workers (pytest-xdist, one file each at a time), which run in the Ray tests' waits: alone, the
+# Ray run leaves the cores idle about half the time. The Ray run reports as it goes, the other
+# when both are done.
 # Ray starts its workers (the replicas) at niceness 15: beside the other run's busy process, at 0,
 # they got a few percent of a core. Here they start at 0 too. OpenMP's threads sleep when they
 # wait (OMP_WAIT_POLICY=PASSIVE) instead of spinning: with the two runs on two cores, a spinning
@@ -73,7 +75,8 @@ test-deps:
 test: export OMP_WAIT_POLICY = PASSIVE
 test: lint test-deps
 	@rest_log=$$(mktemp); \
-	$(PY) -m pytest -q -m "not ray" --durations=12 tests > $$rest_log 2>&1 & rest=$$!; \
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray" --durations=12 tests > $$rest_log 2>&1 & \
+	rest=$$!; \
 	RAY_worker_niceness=0 $(PY) -m pytest -q -m ray --durations=12 tests; ray_status=$$?; \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
