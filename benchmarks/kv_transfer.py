@@ -5,7 +5,9 @@ at random (seeded) from a cache twice that size, as a busy decode pool would han
 mode is warmed up (the first NIXL transfer sets up UCX's connection) and checked once for
 bit-identical blocks; then the modes are timed in turn, so a busy neighbour slows all of them
 alike. "Transfer" is the time in the connector calls, measured inside the actors (export + pull);
-"end to end" adds Ray's calls between them, measured from the driver.
+"end to end" adds Ray's calls between them, measured from the driver. Each backend runs with its
+integrity checks (checksums at export, checked where the blocks land) and without, in the same
+rounds, so the checks' cost is measured against a baseline of the same run.
 The baseline copies the same blocks between two caches in this process, one ``copy_`` per block.
 """
 
@@ -32,7 +34,19 @@ TIMEOUT_SECONDS = 60.0  # per transfer: the object store moving hundreds of MB o
 COPY = "copy, per block"
 INDEXED_COPY = "copy, dst[ids] = src[ids]"
 FALLBACK = "object store pull"
-TRANSFERS = {"NIXL pull": "nixl", FALLBACK: "object_store"}  # mode -> backend
+
+
+class TransferKind(NamedTuple):
+    backend: str
+    verify: bool  # the connectors' integrity checks (kvtransfer/integrity.py)
+
+
+TRANSFERS = {
+    "NIXL pull": TransferKind("nixl", True),
+    "NIXL pull, unchecked": TransferKind("nixl", False),
+    FALLBACK: TransferKind("object_store", True),
+    "object store pull, unchecked": TransferKind("object_store", False),
+}
 AIM_OF_COPY = 0.5  # issue 4: NIXL at >= 50% of the copy's bandwidth ...
 AIM_OVER_FALLBACK = 5.0  # ... and >= 5x the fallback's
 
@@ -155,7 +169,12 @@ def print_table(sizes: dict[int, list[ModeResult]], block_size: int) -> None:
                 f"| {statistics.median(t.end_to_end for t in r.timed) * 1e3:.1f} "
                 f"| {'yes' if r.identical else 'NO'} |"
             )
-        for mode in (name for name, backend in TRANSFERS.items() if backend == "nixl"):
+        for checked, unchecked in _check_pairs():
+            cost = statistics.median(by_mode[checked].seconds) / statistics.median(
+                by_mode[unchecked].seconds
+            )
+            aims.append(f"{checked}, {tokens} tokens: checked in {cost:.0%} of the unchecked time")
+        for mode in (name for name, kind in TRANSFERS.items() if kind == ("nixl", True)):
             of_copy, over = by_mode[mode].bandwidth / copy, by_mode[mode].bandwidth / fallback
             aims.append(
                 f"{mode}, {tokens} tokens: {of_copy:.0%} of the copy (aim >= {AIM_OF_COPY:.0%}: "
@@ -164,6 +183,12 @@ def print_table(sizes: dict[int, list[ModeResult]], block_size: int) -> None:
                 f"{'met' if over >= AIM_OVER_FALLBACK else 'missed'})"
             )
     print("\n" + "\n".join(aims))
+
+
+def _check_pairs() -> list[tuple[str, str]]:
+    """(checked mode, the same backend's unchecked mode) for each backend."""
+    unchecked = {kind.backend: name for name, kind in TRANSFERS.items() if not kind.verify}
+    return [(name, unchecked[kind.backend]) for name, kind in TRANSFERS.items() if kind.verify]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -232,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
         "timed in the actors, end to end = with Ray's calls, from the driver"
     )
     print(
-        "idle actors' CPU (owner, reader; each holds a NIXL and an object-store connector), share "
+        "idle actors' CPU (owner, reader; each holds two NIXL and two object-store connectors, "
+        "checked and unchecked), share "
         f"of a core over {IDLE_SECONDS:.0f} s: {idle_before[0]:.1%}, {idle_before[1]:.1%} before "
         f"the first transfer; {idle_after[0]:.1%}, {idle_after[1]:.1%} after the last\n"
     )

@@ -1,4 +1,5 @@
-"""One side of the KV-transfer benchmark: a Ray actor with a KV cache and a connector per backend.
+"""One side of the KV-transfer benchmark: a Ray actor with a KV cache and a connector per kind of
+transfer (backend, with or without its integrity checks).
 
 No engine: the cache has a model's layout and, on the owner's side, random contents, so a wrong
 or partial copy shows in the digests. Each method returns the seconds its connector calls took,
@@ -16,7 +17,7 @@ import ray
 import torch
 from ray.actor import ActorHandle
 
-from pdserve.benchmarks.kv_transfer import TRANSFERS, Mode, Timed
+from pdserve.benchmarks.kv_transfer import TRANSFERS, Mode, Timed, TransferKind
 from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.kv_cache import allocate_kv_cache
 from pdserve.kvtransfer.factory import make_connector
@@ -24,7 +25,6 @@ from pdserve.kvtransfer.handles import KVExport, PeerInfo
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.transfer import Transfer
 
-BACKENDS = ("nixl", "object_store")  # one connector each, over the same cache
 POLL_INTERVAL = 0.0005  # seconds between a transfer's polls, as Transfer.wait's
 # Connector seconds and the longest single call among them.
 Calls = tuple[float, float]
@@ -61,25 +61,32 @@ class BenchPeer:
             self.kv_cache.normal_(generator=torch.Generator().manual_seed(seed))
         layout = KVLayout.of(model_dir, model, engine)
         self.connectors = {
-            backend: make_connector(self.kv_cache, layout, _keep_blocks, backend, timeout=timeout)
-            for backend in BACKENDS
+            kind: make_connector(
+                self.kv_cache,
+                layout,
+                _keep_blocks,
+                kind.backend,
+                timeout=timeout,
+                verify=kind.verify,
+            )
+            for kind in TRANSFERS.values()
         }
 
-    def info(self, backend: str) -> PeerInfo:
-        return self.connectors[backend].peer_info()
+    def info(self, kind: TransferKind) -> PeerInfo:
+        return self.connectors[kind].peer_info()
 
-    def add_peer(self, backend: str, info: PeerInfo) -> None:
-        self.connectors[backend].add_peer(info)
+    def add_peer(self, kind: TransferKind, info: PeerInfo) -> None:
+        self.connectors[kind].add_peer(info)
 
-    def export(self, backend: str, block_ids: list[int]) -> tuple[KVExport, float]:
-        connector = self.connectors[backend]
+    def export(self, kind: TransferKind, block_ids: list[int]) -> tuple[KVExport, float]:
+        connector = self.connectors[kind]
         connector.poll()  # as an engine loop would: ends the leases of earlier pulls
         start = time.perf_counter()
         export = connector.export(block_ids)
         return export, time.perf_counter() - start
 
-    def pull(self, backend: str, export: KVExport, block_ids: list[int]) -> Calls:
-        return _timed_wait(lambda: self.connectors[backend].pull(export, block_ids))
+    def pull(self, kind: TransferKind, export: KVExport, block_ids: list[int]) -> Calls:
+        return _timed_wait(lambda: self.connectors[kind].pull(export, block_ids))
 
     def clear(self, block_ids: list[int]) -> None:
         self.kv_cache[torch.tensor(block_ids)] = 0
@@ -105,8 +112,8 @@ def start_peers(
     """An owner of ``num_blocks`` random blocks and a reader of twice as many, connected."""
     owner = BenchPeer.remote(model_dir, num_blocks, args.block_size, args.timeout, args.seed)
     reader = BenchPeer.remote(model_dir, 2 * num_blocks, args.block_size, args.timeout, None)
-    for backend in BACKENDS:
-        ray.get(reader.add_peer.remote(backend, ray.get(owner.info.remote(backend))))
+    for kind in TRANSFERS.values():
+        ray.get(reader.add_peer.remote(kind, ray.get(owner.info.remote(kind))))
     return owner, reader
 
 
@@ -116,11 +123,11 @@ def idle_cpu(owner: ActorHandle, reader: ActorHandle, seconds: float) -> tuple[f
 
 
 def pull_once(
-    owner: ActorHandle, reader: ActorHandle, backend: str, src: list[int], dst: list[int]
+    owner: ActorHandle, reader: ActorHandle, kind: TransferKind, src: list[int], dst: list[int]
 ) -> Timed:
     start = time.perf_counter()
-    export, export_s = ray.get(owner.export.remote(backend, src))
-    pull_s, longest = ray.get(reader.pull.remote(backend, export, dst))
+    export, export_s = ray.get(owner.export.remote(kind, src))
+    pull_s, longest = ray.get(reader.pull.remote(kind, export, dst))
     return Timed(export_s + pull_s, max(export_s, longest), time.perf_counter() - start)
 
 
@@ -136,6 +143,6 @@ def transfer_modes(
         return ray.get(owner.digest.remote(src)) == ray.get(reader.digest.remote(dst))
 
     return [
-        Mode(name, partial(pull_once, owner, reader, backend, src, dst), clear, landed)
-        for name, backend in TRANSFERS.items()
+        Mode(name, partial(pull_once, owner, reader, kind, src, dst), clear, landed)
+        for name, kind in TRANSFERS.items()
     ]
