@@ -14,6 +14,7 @@ from pdserve.router.api.admission import Admission
 from pdserve.router.api.api_keys import APIKeys
 from pdserve.router.api.grpc_service import GenerationServicer
 from pdserve.router.api.http_app import build_http_app
+from pdserve.router.dispatch.disaggregation import possible_routes
 from pdserve.router.dispatch.placement import placement_for
 from pdserve.router.dispatch.serve_client import ServeEngineClient
 from pdserve.router.metrics import RouterMetrics
@@ -41,7 +42,7 @@ class APIIngress(GenerationServicer):
         for served in served_models:
             metrics = self._metrics if served.metrics else None
             if metrics is not None:
-                metrics.publish_targets(served)
+                metrics.publish(served, possible_routes(served.name in prefill))
             clients[served.name] = ServeEngineClient(
                 served, prefill.get(served.name), decode[served.name], metrics
             )

@@ -7,8 +7,9 @@ k inter-token latencies of d / k, so the ITLs of a request add up to its decode 
 """
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping
 from contextlib import aclosing
+from http import HTTPStatus
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,10 +21,13 @@ from pdserve.serving.metrics import (
     ROUTER_TAGS,
     TTFT_BUCKETS,
     HeldGauges,
+    count_from_zero,
     counter,
     gauge,
     histogram,
 )
+
+OTHER_PATH = "other"  # the path label of a response to a path the app does not serve
 
 
 class RouterMetrics:
@@ -69,12 +73,28 @@ class RouterMetrics:
         )
         self._held = HeldGauges()
 
-    def publish_targets(self, served: ServedModel) -> None:
+    def publish(self, served: ServedModel, routes: Collection[tuple[str, str]]) -> None:
+        """The model's targets, and its counters at 0: ``routes`` are the (decision, reason)
+        pairs its requests can take."""
         tags = {"model_name": served.name}
         self._held.set(self.sla_ttft, served.sla.ttft_ms / 1000, tags)
         self._held.set(self.sla_itl, served.sla.itl_ms / 1000, tags)
         for pool, config in (("prefill", served.prefill), ("decode", served.decode)):
             self._held.set(self.target_replicas, config.replicas, {**tags, "pool": pool})
+        count_from_zero(
+            self.route_decisions, [{**tags, "decision": d, "reason": r} for d, r in routes]
+        )
+        decisions = sorted({decision for decision, _ in routes})
+        count_from_zero(self.route_cached_tokens, [{**tags, "decision": d} for d in decisions])
+        count_from_zero(self.migrations, [tags])
+
+    def publish_responses(self, statuses: Mapping[str, Collection[str]]) -> None:
+        """Each path's ``statuses`` (those its operations document) at 0, and "other" at 404."""
+        known = {**statuses, OTHER_PATH: [str(HTTPStatus.NOT_FOUND.value)]}
+        count_from_zero(
+            self.http_responses,
+            [{"path": path, "status": status} for path, codes in known.items() for status in codes],
+        )
 
     def count_decision(self, model_name: str, decision: str, reason: str) -> None:
         tags = {"model_name": model_name, "decision": decision, "reason": reason}
@@ -127,7 +147,7 @@ class ResponseCounter:
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                path = scope["path"] if scope["path"] in self.paths else "other"
+                path = scope["path"] if scope["path"] in self.paths else OTHER_PATH
                 tags = {"path": path, "status": str(message["status"])}
                 self.metrics.http_responses.inc(1, tags)
             await send(message)

@@ -10,7 +10,10 @@ Ray's histograms keep exact counts and buckets, but build ``_sum`` from bucket m
 come from counters (``prompt_tokens``), never from a histogram's sum. Ray exports a gauge's value
 only for a report or two after it was set (the SLA targets, set once, vanished from Prometheus a
 few seconds after start), so a gauge that holds a value until it changes goes through
-``HeldGauges``, which sets it again every ``HELD_GAUGE_PERIOD_S``.
+``HeldGauges``, which sets it again every ``HELD_GAUGE_PERIOD_S``. A counter's series for label
+values known in advance (pools, finished reasons, failure reasons, route decisions, statuses) is
+exported at 0 from the start (``count_from_zero``), as Prometheus advises, so ``rate()`` and the
+alert rules read a healthy cluster as 0 rather than as no data.
 
 The metric objects talk to Ray's core worker, so they are made in the process that records them
 (a replica), not at import.
@@ -18,16 +21,18 @@ The metric objects talk to Ray's core worker, so they are made in the process th
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ray.util import metrics
+
+from pdserve.serving import ray_compat
 
 PREFIX = "pdserve_"
 # Below the shortest interval at which Ray's processes report (2 s on a cluster pdserve starts).
 HELD_GAUGE_PERIOD_S = 1.0
 EXPORTER_PREFIX = "ray_"
-# The names Prometheus gets for the metrics made in this process (a series appears once it has a
-# value: a counter never incremented is not scraped yet, but its name is still ours).
+# The names Prometheus gets for the metrics made in this process (a histogram's series appears
+# once it has observed a value, but its name is still ours).
 EXPORTED_NAMES: set[str] = set()
 WORKER_TAGS = ("model_name", "pool", "replica")
 ROUTER_TAGS = ("model_name",)
@@ -72,6 +77,13 @@ def _export(name: str, *suffixes: str) -> str:
 def counter(name: str, description: str, tags: Sequence[str]) -> metrics.Counter:
     name = _export(name, "_total")
     return metrics.Counter(name, description=description, tag_keys=tuple(tags))
+
+
+def count_from_zero(counter: metrics.Counter, tag_sets: Iterable[dict[str, str]]) -> None:
+    """Exports each of ``counter``'s series in ``tag_sets`` now, at 0 until something is
+    counted in it."""
+    for tags in tag_sets:
+        ray_compat.record_zero(counter, tags)
 
 
 def gauge(name: str, description: str, tags: Sequence[str]) -> metrics.Gauge:

@@ -4,7 +4,8 @@ fails here and in its test (``tests/unit/test_ray_compat.py``), not across the p
 Written against ``RAY_VERSION``, the ray pyproject pins. What it reaches: Serve's private names
 (the controller's actor and its ``update_deployment_replicas``, how replica actors are named, the
 settings Serve read when imported), Serve's alpha APIs (the request router, a handle's
-``broadcast``) and the autoscaler's config check for ``ray up`` files.
+``broadcast``), the autoscaler's config check for ``ray up`` files, and a metric's own record
+call (to export a counter at 0).
 
 Importing this module imports no part of Ray: ``cluster/serve_env.py`` reads Serve's settings
 through it before anything may import ``ray.serve``. So each function imports what it uses, and
@@ -34,6 +35,7 @@ __all__ = [
     "RunningReplica",
     "broadcast",
     "kill_replica_actor",
+    "record_zero",
     "replica_actors",
     "serve_throughput_optimized",
     "set_target_replicas",
@@ -127,3 +129,9 @@ def validate_ray_up_config(config: dict) -> dict:
     prepared = prepare_config(copy.deepcopy(config))
     validate_config(prepared)
     return prepared
+
+
+def record_zero(counter: Any, tags: dict[str, str]) -> None:
+    """Records 0 in a ``ray.util.metrics.Counter`` for ``tags``, which ``inc`` refuses: Ray's
+    metrics agent then exports that series at 0 until it is first counted."""
+    counter._record(0, tags)

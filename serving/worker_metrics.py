@@ -6,16 +6,19 @@ preemptions, transfers) are turned into counter increments here.
 """
 
 from dataclasses import dataclass
+from typing import get_args
 
 from ray.util import metrics
 
+from pdserve.engine.request import RequestStatus
 from pdserve.engine.stats import EngineStats, IterationStats
-from pdserve.kvtransfer.stats import TransferStats
+from pdserve.kvtransfer.stats import FailureReason, TransferStats
 from pdserve.serving.metrics import (
     ITERATION_TOKENS_BUCKETS,
     KV_TRANSFER_SECONDS_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     WORKER_TAGS,
+    count_from_zero,
     counter,
     gauge,
     histogram,
@@ -96,6 +99,30 @@ class WorkerMetrics:
         self.kv_recomputes = counter(
             "kv_transfer_recomputes", "Remote prefills recomputed here after a failed pull.", kv
         )
+        self._count_from_zero()
+
+    def _count_from_zero(self) -> None:
+        """Every counter's series of this replica at 0, each finished and failure reason too."""
+        tags, kv_tags = self._tags, {**self._tags, "backend": self._backend}
+        for metric in (
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.prompt_tokens,
+            self.generation_tokens,
+        ):
+            count_from_zero(metric, [tags])
+        finished = [s.value for s in RequestStatus if s.finished]
+        count_from_zero(self.success, [{**tags, "finished_reason": r} for r in finished])
+        for metric in (
+            self.kv_bytes,
+            self.kv_transfers,
+            self.kv_leases_expired,
+            self.kv_recomputes,
+        ):
+            count_from_zero(metric, [kv_tags])
+        reasons = get_args(FailureReason)
+        count_from_zero(self.kv_failures, [{**kv_tags, "reason": r} for r in reasons])
 
     def record(
         self,

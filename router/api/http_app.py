@@ -131,9 +131,13 @@ def build_http_app(
         async def prometheus_metrics() -> Response:
             return Response(await cluster_metrics(), media_type=CONTENT_TYPE_LATEST)
 
+    vocab_size = min(client.tokenizer.vocab_size for client in clients.values())
+    openapi_docs.install_openapi(app, streamed=[ChatCompletionChunk], vocab_size=vocab_size)
+    if metrics is not None:
+        # Now, not at the first request: a scrape before any request finds the series at 0.
+        metrics.publish_responses(openapi_docs.documented_statuses(app.openapi()))
         paths = frozenset(route.path for route in app.routes)
         app.add_middleware(ResponseCounter, metrics=metrics, paths=paths)
-    openapi_docs.install_openapi(app, streamed=[ChatCompletionChunk])
     return app
 
 
@@ -186,9 +190,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error_response(APIError(INVALID_REQUEST, message, fields[0] or None))
 
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
-        # Routing errors (unknown path, wrong method): HTTP only, so no gRPC code applies.
+        # Routing errors (unknown path, wrong method): HTTP only, so no gRPC code applies. Their
+        # headers stay: a 405's `Allow` lists the path's methods (RFC 9110).
         kind = ErrorKind(HTTPStatus(error.status_code), "invalid_request_error", "UNKNOWN")
-        return _error_response(APIError(kind, str(error.detail)))
+        response = _error_response(APIError(kind, str(error.detail)))
+        response.headers.update(error.headers or {})
+        return response
 
     for error_type in (APIError, RequestError, EngineOverloadedError, EngineStoppedError):
         app.add_exception_handler(error_type, api_error)

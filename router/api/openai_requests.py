@@ -5,12 +5,26 @@ sent as null) takes ``SamplingParams``' default, so defaults live in one place. 
 ignored with a warning, as vLLM does, so clients that send newer OpenAI fields keep working; the
 OpenAI fields that would change the output but that the engine cannot honour (``UNSUPPORTED``)
 are refused instead, since silently ignoring them would return something else than was asked.
+
+Types are strict, as OpenAI's (``"n": "2"`` or ``"echo": 0`` is a 400), and each field's range
+and each rule between fields (JSON Schema's ``if``/``then``) is in the OpenAPI document too, so a
+body the document allows is one the server takes, and one it forbids is refused.
 """
 
 import logging
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from pdserve.engine.sampling_params import (
+    MAX_ABS_ADDITIVE_PENALTY,
+    MAX_LOGPROBS,
+    MAX_N,
+    SEED_MAX,
+    SEED_MIN,
+)
+from pdserve.router.api.chat_messages import ChatMessage
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +40,52 @@ UNSUPPORTED = {
     "suffix": (None, ""),
     "tools": (None, []),
 }
+# What the chat template is rendered with besides chat_template_kwargs, which may not set them.
+TEMPLATE_ARGUMENTS = ("messages", "add_generation_prompt", "tokenize")
+
+
+def _whole(value: Any) -> Any:
+    # JSON Schema counts 2.0 as an integer (and Python's JSON reads it as a float); strict types
+    # would refuse it.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _int(**bounds: int) -> Any:
+    """An integer type within ``bounds`` (``Field``'s ``ge``, ``le``); bounds first, so that the
+    document shows them."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
+
+
+TokenId = _int(ge=0)
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Penalty = Annotated[float, Field(ge=-MAX_ABS_ADDITIVE_PENALTY, le=MAX_ABS_ADDITIVE_PENALTY)]
+Logprobs = _int(ge=0, le=MAX_LOGPROBS)
+MaxTokens = _int(ge=1)
+
+
+def _set(field: str, json_type: str) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: {"type": json_type}}}
+
+
+def _is(field: str, value: Any) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: {"const": value}}}
+
+
+def _rules(*rules: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A model's ``json_schema_extra``: the rules its validators check that no field's own
+    schema can state."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["allOf"] = list(rules)
+
+    return extra
+
+
+SHARED_RULES = (
+    {"if": _set("stream_options", "object"), "then": _is("stream", True)},
+    {"properties": {field: {"enum": list(unused)} for field, unused in UNSUPPORTED.items()}},
+)
 # Request fields passed to SamplingParams under the same name.
 SAMPLING_FIELDS = (
     "n",
@@ -47,32 +107,34 @@ SAMPLING_FIELDS = (
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     include_usage: bool = False
 
 
 class OpenAIRequest(BaseModel):
     """The fields both endpoints share."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_rules(*SHARED_RULES))
 
     model: str | None = None  # None: the first served model, as in vLLM
-    n: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    n: _int(ge=1, le=MAX_N) | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: _int(ge=-1) | None = None  # 0 or -1: disabled
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    seed: _int(ge=SEED_MIN, le=SEED_MAX) | None = None
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = None
+    min_tokens: _int(ge=0) | None = None  # and at most max_tokens
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     user: str | None = None
-    priority: int = 0  # lower runs first under the engine's "priority" policy
+    priority: _int() = 0  # lower runs first under the engine's "priority" policy
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's: logprob tokens as "token_id:<id>" instead of text, for clients that need the ids.
@@ -102,14 +164,27 @@ class OpenAIRequest(BaseModel):
 
 
 class CompletionRequest(OpenAIRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS  # None: the rest of the context
-    logprobs: int | None = None  # how many top logprobs per token, besides the sampled one
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            *SHARED_RULES,
+            {"not": {**_is("echo", True), **_set("logprobs", "integer")}},
+        )
+    )
+
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
+    max_tokens: MaxTokens | None = COMPLETIONS_DEFAULT_MAX_TOKENS  # None: the rest of the context
+    logprobs: Logprobs | None = None  # how many top logprobs per token, besides the sampled one
     echo: bool = False
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _check_prompt(cls, prompt: str | list) -> str | list:
+    def _check_prompt(cls, prompt: Any) -> Any:
+        # Checked first, so the error names the field rather than each member of its union type.
         if not prompt:
             raise ValueError("must not be empty")
         return prompt
@@ -130,37 +205,31 @@ class CompletionRequest(OpenAIRequest):
         return list(prompt)
 
 
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    # Extra keys (name, tool_calls, ...) are passed on to the chat template.
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | list[TextPart] | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_only(cls, content: Any) -> Any:
-        # Checked first, so the error names the field rather than each member of its union type.
-        if isinstance(content, list) and any(
-            not isinstance(part, dict) or part.get("type") != "text" for part in content
-        ):
-            raise ValueError("only text content parts are supported")
-        return content
-
-
 class ChatCompletionRequest(OpenAIRequest):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            *SHARED_RULES, {"if": _set("top_logprobs", "integer"), "then": _is("logprobs", True)}
+        )
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
-    max_completion_tokens: int | None = None
+    max_tokens: MaxTokens | None = None  # deprecated by OpenAI for max_completion_tokens
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Logprobs | None = None
     add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={"propertyNames": {"not": {"enum": list(TEMPLATE_ARGUMENTS)}}},
+    )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _check_template_kwargs(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(kwargs or ()) & set(TEMPLATE_ARGUMENTS))
+        if taken:
+            raise ValueError(f"may not set {', '.join(taken)}")
+        return kwargs
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "ChatCompletionRequest":

@@ -77,13 +77,15 @@ def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> Resp
     return {HTTPStatus.OK: ok, **GENERATION_ERRORS}
 
 
-def install_openapi(app: FastAPI, streamed: list[type[BaseModel]]) -> None:
+def install_openapi(app: FastAPI, streamed: list[type[BaseModel]], vocab_size: int) -> None:
     """Makes ``app.openapi`` the truthful document: the models only streams name (``streamed``)
-    join the components, and FastAPI's 422 leaves."""
+    join the components, FastAPI's 422 leaves, and a prompt's token ids are below
+    ``vocab_size`` (the smallest vocabulary served: the engines refuse ids past theirs)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = _document(app, streamed)
+            _bound_token_ids(app.openapi_schema["components"]["schemas"], vocab_size)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -103,3 +105,21 @@ def _document(app: FastAPI, streamed: list[type[BaseModel]]) -> dict[str, Any]:
     _, extra = models_json_schema(keyed, ref_template=REF_PREFIX + "{model}")
     schemas.update(extra.get("$defs", {}))
     return document
+
+
+def _bound_token_ids(schemas: dict[str, Any], vocab_size: int) -> None:
+    for member in schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]:
+        items = member.get("items", {})
+        token_id = items.get("items", items)  # token ids, or lists of them
+        if token_id.get("type") == "integer":
+            token_id["maximum"] = vocab_size - 1
+
+
+def documented_statuses(document: dict[str, Any]) -> dict[str, list[str]]:
+    """Each path of ``document``: the statuses its operations document."""
+    return {
+        path: sorted(
+            {status for operation in operations.values() for status in operation["responses"]}
+        )
+        for path, operations in document["paths"].items()
+    }

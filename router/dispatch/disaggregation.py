@@ -8,7 +8,7 @@ disaggregation. The pools' state comes from their placements (``placement.py``);
 default router only the prompt's length is known.
 """
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pdserve.router.dispatch.placement import PoolPlacement
 from pdserve.serving.config import RoutingConfig
@@ -19,6 +19,15 @@ Decision = Literal["local", "remote"]
 Reason = Literal[
     "no_prefill_pool", "short", "cached", "no_prefill_replica", "saturated", "uncached"
 ]
+
+
+def possible_routes(has_prefill_pool: bool) -> list[tuple[Decision, Reason]]:
+    """Each (decision, reason) that ``decide`` can give a model's requests, so that their counters
+    start at 0."""
+    if not has_prefill_pool:
+        return [("local", "no_prefill_pool")]
+    local = [r for r in get_args(Reason) if r not in ("no_prefill_pool", "uncached")]
+    return [("local", reason) for reason in local] + [("remote", "uncached")]
 
 
 def decide(

@@ -46,7 +46,7 @@ BAD_REQUESTS = {
         400,
         "max_tokens",
         None,
-        ">= 1",
+        "greater than or equal to 1",
     ),
     "top_p out of range": (
         COMPLETIONS,
@@ -54,7 +54,7 @@ BAD_REQUESTS = {
         400,
         "top_p",
         None,
-        "(0, 1]",
+        "less than or equal to 1",
     ),
     "token id outside the vocabulary": (
         COMPLETIONS,
@@ -81,6 +81,22 @@ BAD_REQUESTS = {
         "maximum context length",
     ),
     "no messages": (CHAT, {"model": MODEL, "messages": []}, 400, "messages", None, "at least"),
+    "user message without content": (
+        CHAT,
+        {"model": MODEL, "messages": [{"role": "user"}]},
+        400,
+        "messages.0",
+        None,
+        "a user message needs content",
+    ),
+    "a number as a boolean": (
+        CHAT,
+        {"model": MODEL, "messages": MESSAGES, "add_generation_prompt": 0},
+        400,
+        "add_generation_prompt",
+        None,
+        "boolean",
+    ),
     "image content": (
         CHAT,
         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -212,3 +228,11 @@ def test_stopped_engine_answers_503(stopped_http_url: str) -> None:
     status, headers, envelope = _request(stopped_http_url + COMPLETIONS, body)
     assert status == 503 and "Retry-After" not in headers
     assert envelope["error"]["code"] == "engine_stopped"
+
+
+def test_an_undeclared_method_is_405_with_allow(http_url: str) -> None:
+    request = urllib.request.Request(http_url + COMPLETIONS, method="GET")
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=TIMEOUT_S)
+    assert answer.value.code == 405 and answer.value.headers["Allow"] == "POST"
+    assert json.loads(answer.value.read())["error"]["type"] == "invalid_request_error"

@@ -1,98 +1,70 @@
-"""The OpenAPI document tells the truth: schemathesis generates requests for every operation of
-``/openapi.json`` (valid ones and invalid ones) against the local HTTP server, and every answer
-must have a documented status, a documented content type and a body matching the documented
-schema (server-sent events included), and never be a server error.
+"""The OpenAPI document holds under every check schemathesis has: its CLI runs ``--checks all``
+against each local HTTP server (open, and one that asks for API keys) and must find nothing.
 
-A hook bounds the engine work of each generated request (``max_tokens``, ``n``), points a named
-model at the served one and streams half the requests that do not say, so the examples fit the
-test's time and reach the engines and the event streams instead of stopping at "no such model";
-the document itself is not changed.
+That is, for every operation of ``/openapi.json``: each answer has a documented status, content
+type, headers and body (server-sent events included) and is never a server error; the requests
+the document allows are served and the ones it forbids are refused with a 4xx; an undeclared
+method is answered 405 with ``Allow``; a request without its key is refused 401. Every phase
+that applies runs (the document's boundaries, then generated requests) with bounded examples,
+deterministically, so the run is the same each time. ``openapi_hooks.py`` bounds each request's
+work.
 """
 
-from typing import Any
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
-MODEL = "tiny"
-MAX_TOKENS = 4  # per generated completion: the tiny model on 2 busy cores
-MAX_N = 2
-MAX_EXAMPLES = 100  # per operation
-TIMEOUT_S = 30.0  # per request
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-]
-SERVERS = ["http_url", "keyed_http_url"]  # fixtures: the open server, the one with API keys
+from pdserve.tests.e2e.conftest import API_KEYS
+
 OPERATIONS = ["GET /health", "GET /v1/models", "POST /v1/completions", "POST /v1/chat/completions"]
-WITH_BODY = OPERATIONS[2:]
-# Invalid requests only where there is something to get wrong: the GETs take no input.
-CASES = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + [
-    (label, GenerationMode.NEGATIVE) for label in WITH_BODY
-]
-BOUNDED_FIELDS = {"max_tokens": MAX_TOKENS, "max_completion_tokens": MAX_TOKENS, "n": MAX_N}
+MAX_EXAMPLES = 20  # per operation and phase: both servers' runs take well under a minute
+REQUEST_TIMEOUT_S = 30.0  # the tiny model on 2 busy cores
+MAX_RESPONSE_S = 10.0  # the `max_response_time` check's limit: a bounded request takes < 1 s
+RUN_TIMEOUT_S = 300.0
+HOOKS = "pdserve.tests.e2e.openapi_hooks"
+SERVERS = ["http_url", "keyed_http_url"]  # fixtures: the open server, the one with API keys
 
 
-def _steered(context: schemathesis.HookContext, body: Any) -> st.SearchStrategy:
-    """``body`` with its sizes capped (and set where a missing one means "the rest of the
-    context"), and streamed or not where it does not say (as often as not: few generated bodies
-    name the field); values of the wrong type are left for the server to refuse."""
-    if not isinstance(body, dict):
-        return st.just(body)
-    for field, bound in BOUNDED_FIELDS.items():
-        value = body.get(field)
-        if value is None or (isinstance(value, int) and value > bound):
-            body[field] = bound
-    if isinstance(body.get("model"), str):
-        body["model"] = MODEL
-    if "stream" in body:
-        return st.just(body)
-    return st.booleans().map(lambda stream: {**body, "stream": stream})
-
-
-@pytest.fixture(scope="module", params=SERVERS)
-def api_schema(request: pytest.FixtureRequest) -> schemathesis.BaseSchema:
-    """The document of each server: open, and one that asks for API keys (whose 401s the
-    generated requests, sending made-up keys or none, must meet as documented)."""
+@pytest.fixture(params=SERVERS)
+def server(request: pytest.FixtureRequest) -> tuple[str, list[str]]:
+    """A server's URL and the CLI's arguments that authenticate to it (the keyed one: a
+    valid key, which the ``ignored_auth`` check leaves out or spoils to see the 401)."""
     url = request.getfixturevalue(request.param)
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
-    schema.hook("flatmap_body")(_steered)
-    return schema
-
-
-def test_the_document_has_these_operations(api_schema: schemathesis.BaseSchema) -> None:
-    labels = [result.ok().label for result in api_schema.get_all_operations()]
-    assert labels == OPERATIONS
-
-
-# schemathesis' own pytest plugin (`from_fixture` + `parametrize`) fails under pytest 9 (it reads
-# a node attribute pytest removed): each operation's cases are driven through Hypothesis here.
-@pytest.mark.parametrize(("label", "mode"), CASES)
-def test_every_answer_is_documented(
-    api_schema: schemathesis.BaseSchema, label: str, mode: GenerationMode
-) -> None:
-    operation = api_schema.find_operation_by_label(label)
-
-    @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        derandomize=True,  # the same cases every run: a failure is never a matter of luck
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    headers = (
+        ["--header", f"Authorization: Bearer {API_KEYS[0]}"] if "keyed" in request.param else []
     )
-    def answer_is_documented(case: schemathesis.Case) -> None:
-        case.call_and_validate(checks=CHECKS, timeout=TIMEOUT_S)
+    return url, headers
 
-    answer_is_documented()
+
+def test_the_document_has_these_operations(http_url: str) -> None:
+    schema = schemathesis.openapi.from_url(f"{http_url}/openapi.json")
+    assert [result.ok().label for result in schema.get_all_operations()] == OPERATIONS
+
+
+def test_every_check_passes(server: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, auth = server
+    command = [
+        sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json",
+        "--checks", "all",
+        "--max-examples", str(MAX_EXAMPLES),
+        "--generation-deterministic",
+        "--workers", "1",
+        "--request-timeout", str(REQUEST_TIMEOUT_S),
+        "--max-response-time", str(MAX_RESPONSE_S),
+        "--output-sanitize", "false",  # it hides fields named like secrets: `max_tokens`
+        "--no-color",
+        *auth,
+    ]  # fmt: skip
+    run = subprocess.run(
+        command,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": HOOKS},
+        cwd=tmp_path,  # where the CLI keeps its cache
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

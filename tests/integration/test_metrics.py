@@ -1,12 +1,13 @@
 """Metrics through Ray's pipeline to a real Prometheus server, and ``GET /metrics``.
 
 Two models on the session's cluster: one disaggregated (1 prefill + 1 decode replica), one
-aggregated with a small KV cache, so a burst preempts. A known workload goes through HTTP; then
-Prometheus' query API must return exactly its token totals and request count per model, the KV
-usage must fall back to 0, and the preemptions and prefix-cache hits the workload forced must
-show. Names of their own keep other modules' models, whose series the cluster may still export,
-out of the sums. Every PromQL expression of the rules and the dashboard must run and name only
-metrics the cluster exports.
+aggregated with a small KV cache, so a burst preempts. Before any request, ``GET /metrics`` must
+show every counter series the app knows it may count (per pool, reason, route, status) at 0. A
+known workload then goes through HTTP; then Prometheus' query API must return exactly its token
+totals and request count per model, the KV usage must fall back to 0, and the preemptions and
+prefix-cache hits the workload forced must show. Names of their own keep other modules' models,
+whose series the cluster may still export, out of the sums. Every PromQL expression of the rules
+and the dashboard must run and name only metrics the cluster exports.
 """
 
 import asyncio
@@ -16,6 +17,7 @@ import shutil
 import time
 import urllib.request
 from pathlib import Path
+from typing import get_args
 
 import openai
 import pytest
@@ -25,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdserve.cluster.planner.planner_metrics import PlannerMetrics
 from pdserve.cluster.prometheus import PrometheusAPI, PrometheusServer
 from pdserve.cluster.serve import free_port
+from pdserve.engine.request import RequestStatus
+from pdserve.kvtransfer.stats import FailureReason
 from pdserve.router.metrics import RouterMetrics
 from pdserve.serving import metrics
 from pdserve.serving.config import SLAConfig
@@ -48,6 +52,31 @@ DISAGG_WORK = [(200, 12), (90, 5), (40, 20), (8, 6), (300, 3), (12, 9)]
 AGG_WORK = [(100, 60)] * 4 + [(50, 4), (30, 11)]
 REPEAT = (120, 4)  # sent twice to the aggregated model, after the burst: a prefix-cache hit
 WAIT_S = 90.0
+# The counters each worker replica keeps with only its model's and pool's labels.
+COUNTED_PER_REPLICA = (
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "num_preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "kv_transfer_bytes",
+    "kv_transfers",
+    "kv_lease_expiries",
+    "kv_transfer_recomputes",
+)
+# Where each model's prompts can prefill, and why: DISAGG has a prefill pool, AGG has none.
+ROUTES = {
+    DISAGG: [
+        ("local", "short"),
+        ("local", "cached"),
+        ("local", "no_prefill_replica"),
+        ("local", "saturated"),
+        ("remote", "uncached"),
+    ],
+    AGG: [("local", "no_prefill_pool")],
+}
+SERIES_LABELS = {"model_name", "pool", "finished_reason", "reason", "decision", "path", "status"}
+NAMES_ONLY = "metric-names"  # the model of the metrics _ours makes only to read their names
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -125,6 +154,71 @@ def _wait_for(prometheus: PrometheusServer, promql: str, want: dict[str, float])
             return
         time.sleep(1.0)
     raise AssertionError(f"{promql}: {got} != {want}")
+
+
+def _declared_series(http_url: str) -> set[tuple[str, frozenset]]:
+    """Each counter series of this module's app known before any request: (name, labels)."""
+    series: set[tuple[str, frozenset]] = set()
+
+    def add(name: str, **labels: str) -> None:
+        series.add((f"ray_pdserve_{name}_total", frozenset(labels.items())))
+
+    for model, pool in ((DISAGG, "prefill"), (DISAGG, "decode"), (AGG, "decode")):
+        for name in COUNTED_PER_REPLICA:
+            add(name, model_name=model, pool=pool)
+        for status in RequestStatus:
+            if status.finished:
+                add("request_success", model_name=model, pool=pool, finished_reason=status.value)
+        for reason in get_args(FailureReason):
+            add("kv_transfer_failures", model_name=model, pool=pool, reason=reason)
+    for model, routes in ROUTES.items():
+        add("request_migrations", model_name=model)
+        for decision, reason in routes:
+            add("route_decisions", model_name=model, decision=decision, reason=reason)
+            add("route_cached_tokens", model_name=model, decision=decision)
+    with urllib.request.urlopen(f"{http_url}/openapi.json", timeout=10) as response:
+        document = json.load(response)
+    for path, operations in document["paths"].items():
+        for operation in operations.values():
+            for status in operation["responses"]:
+                add("http_responses", path=path, status=status)
+    add("http_responses", path="other", status="404")
+    return series
+
+
+def _counter_samples(http_url: str) -> dict[tuple[str, frozenset], list[float]]:
+    """``GET /metrics``' counter samples, by name and the labels ``_declared_series`` names."""
+    with urllib.request.urlopen(f"{http_url}/metrics", timeout=10) as response:
+        page = response.read().decode()
+    samples: dict[tuple[str, frozenset], list[float]] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                labels = {k: v for k, v in sample.labels.items() if k in SERIES_LABELS}
+                key = (sample.name, frozenset(labels.items()))
+                samples.setdefault(key, []).append(sample.value)
+    return samples
+
+
+def test_every_counter_is_at_zero_before_any_request(cluster):
+    # First in the module: `totals` has sent no request yet. Each worker counter per pool, finished
+    # and failure reason; the router's per route and per documented status; at 0, not missing.
+    config, _ = cluster
+    http_url = f"http://127.0.0.1:{config.http_port}"
+    declared = _declared_series(http_url)
+    assert {name for name, _ in declared} == {n for n in _ours() if n.endswith("_total")}
+    deadline = time.monotonic() + WAIT_S
+    while (missing := declared - _counter_samples(http_url).keys()) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert not missing
+    samples = _counter_samples(http_url)
+    read = (
+        "ray_pdserve_http_responses_total",
+        frozenset({"path": "/metrics", "status": "200"}.items()),
+    )
+    # Another module's router may have counted the same path and status before: ours is at 0.
+    nonzero = {key: samples[key] for key in declared - {read} if min(samples[key]) != 0}
+    assert not nonzero
 
 
 def test_prometheus_has_the_workload_totals(cluster, totals):
@@ -211,7 +305,7 @@ def _names(expr: str) -> set[str]:
 
 def _ours() -> set[str]:
     """The names of every metric pdserve makes (made here, in the test's Ray driver)."""
-    WorkerMetrics(DISAGG, "decode", "test", 2048, "nixl")
+    WorkerMetrics(NAMES_ONLY, "decode", "test", 2048, "nixl")
     RouterMetrics()
     PlannerMetrics()
     return set(metrics.EXPORTED_NAMES)

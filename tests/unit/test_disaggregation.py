@@ -1,12 +1,12 @@
 """Conditional disaggregation (router/dispatch/disaggregation.py): each reason a prompt prefills
-locally, and the remote path when none holds."""
+locally, and the remote path when none holds; each one is among the routes counted from 0."""
 
 from dataclasses import dataclass
 
 import pytest
 
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.dispatch.disaggregation import decide
+from pdserve.router.dispatch.disaggregation import decide, possible_routes
 from pdserve.serving.config import RoutingConfig
 from pdserve.serving.messages import GenerateRequest
 
@@ -46,3 +46,11 @@ def _request(num_tokens: int) -> GenerateRequest:
 )
 def test_where_a_prompt_prefills(tokens, cached, prefill, has_prefill_pool, want) -> None:
     assert decide(_request(tokens), ROUTING, has_prefill_pool, cached, prefill) == want
+    assert want in possible_routes(has_prefill_pool)
+
+
+def test_the_possible_routes_are_each_decision_and_reason_once() -> None:
+    assert possible_routes(False) == [("local", "no_prefill_pool")]
+    with_pool = possible_routes(True)
+    assert len(set(with_pool)) == len(with_pool) == 5
+    assert ("local", "no_prefill_pool") not in with_pool

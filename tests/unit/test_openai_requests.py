@@ -13,6 +13,7 @@ from pdserve.router.api.errors import APIError
 from pdserve.router.api.openai_requests import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def test_unset_and_null_fields_take_the_engine_defaults() -> None:
@@ -106,12 +107,12 @@ def test_chat_messages_reach_the_template_as_sent() -> None:
     messages = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann"},
-        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
     ]
     assert ChatCompletionRequest(messages=messages).chat() == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann"},
-        {"role": "assistant", "tool_calls": []},
+        {"role": "assistant", "tool_calls": [TOOL_CALL]},
     ]
     with pytest.raises(ValidationError, match="only text content parts"):
         ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "image_url"}]}])

@@ -50,6 +50,7 @@ USED = {
     ],
     "ray.serve.handle": ["DeploymentHandle.broadcast", "DeploymentBroadcastResponse.results"],
     "ray.autoscaler._private.util": ["prepare_config", "validate_config"],
+    "ray.util.metrics": ["Metric._record"],
 }
 
 
