@@ -25,7 +25,9 @@ def chat_prompt(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[in
             tokenize=True,
             **(request.chat_template_kwargs or {}),
         )
-    except (ValueError, jinja2.TemplateError) as error:  # no template, or the template refused
+    # No template, the template refused, or chat_template_kwargs it cannot take (a TypeError: an
+    # argument the renderer itself has, or a value of a type the template cannot use).
+    except (ValueError, TypeError, jinja2.TemplateError) as error:
         raise RequestError(f"cannot apply the chat template: {error}", "messages") from error
 
 

@@ -8,7 +8,8 @@ from pydantic import ValidationError
 
 from pdserve.engine.errors import RequestError
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.api.engine_inputs import completion_budget, sampling_params
+from pdserve.engine.tokenizer import Tokenizer
+from pdserve.router.api.engine_inputs import chat_prompt, completion_budget, sampling_params
 from pdserve.router.api.errors import APIError
 from pdserve.router.api.openai_requests import ChatCompletionRequest, CompletionRequest
 
@@ -143,3 +144,16 @@ def test_completion_budget_refuses_what_does_not_fit(
     with pytest.raises(APIError, match="maximum context length is 100 tokens") as error:
         completion_budget(requested, prompt_lens, 100, "messages")
     assert (error.value.param, error.value.code) == ("messages", "context_length_exceeded")
+
+
+@pytest.mark.parametrize("kwargs", [{"messages": []}, {"tokenize": False}])
+def test_template_kwargs_may_not_set_the_templates_own_arguments(kwargs: dict) -> None:
+    with pytest.raises(ValidationError, match="chat_template_kwargs"):
+        ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs=kwargs)
+
+
+def test_template_kwargs_the_renderer_cannot_take_are_a_request_error(tiny_model_dir) -> None:
+    request = ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={"self": 1})
+    with pytest.raises(RequestError, match="chat template") as error:
+        chat_prompt(request, Tokenizer.from_pretrained(tiny_model_dir))
+    assert error.value.param == "messages"
