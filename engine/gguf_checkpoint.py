@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
@@ -41,13 +42,27 @@ def open_gguf(path: Path) -> GGUFReader:
     return _open(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
 
-# gguf parses metadata one array element at a time (seconds for a 49k-token vocabulary), and one
-# load reads the same file three times (config, tokenizer, weights): the last file read is kept,
-# keyed by its time and size so that a file written anew is read anew.
+class _Reader(GGUFReader):
+    """gguf's reader over a plain array view of the file's map. gguf slices its ``np.memmap`` once
+    per metadata element, and the memmap's bookkeeping on every slice made SmolLM2's 49k-token
+    vocabulary 3.5 s to parse, in every process that opens the file; 1.3 s through the view
+    (docs/benchmarks.md). The tensors stay views of the map, read only when dequantized."""
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._mapped
+
+    @data.setter
+    def data(self, mapped: np.memmap) -> None:
+        self._mapped = mapped.view(np.ndarray)
+
+
+# One load reads the same file three times (config, tokenizer, weights): the last file read is
+# kept, keyed by its time and size so that a file written anew is read anew.
 @lru_cache(maxsize=1)
 def _open(path: Path, mtime_ns: int, size: int) -> GGUFReader:
     try:
-        reader = GGUFReader(path)
+        reader = _Reader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as error:
         # gguf reads types through its enum, whose error reads "<n> is not a valid <enum>".
         unknown = re.search(rf"(\d+)\)? is not a valid {Q.__name__}", str(error))

@@ -10,6 +10,7 @@ from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kvtransfer.factory import make_connector
+from pdserve.kvtransfer.faults import KVFault
 from pdserve.kvtransfer.handles import KVExport, KVTransferError, PeerInfo
 from pdserve.kvtransfer.layout import KVLayout
 
@@ -33,6 +34,10 @@ class KVPeer:
             self.engine.kv_cache, layout, self.engine.free_kv, backend, **connector_args
         )
         self._occupied: list[int] = []
+
+    def inject(self, fault: KVFault) -> None:
+        """Sets the fault this side applies from now on (kvtransfer/faults.py)."""
+        self.connector.fault_injection = fault
 
     def info(self) -> PeerInfo:
         return self.connector.peer_info()
