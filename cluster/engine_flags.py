@@ -1,13 +1,14 @@
 """The engine's knobs as command-line flags, derived from ``EngineConfig`` itself.
 
 Each field but ``model`` is a flag of the same name (``max_num_seqs`` is ``--max-num-seqs``, as
-in vLLM), typed from the field's annotation, and lands under the same key in a served model's
-``engine:`` section: a new field is a new flag with nothing else to keep in step. A flag left
-out is absent from the section, so the engine's own default applies.
+in vLLM), typed from the field's annotation (a ``dict`` takes JSON, as in vLLM), and lands under
+the same key in a served model's ``engine:`` section: a new field is a new flag with nothing else
+to keep in step. A flag left out is absent from the section, so the engine's own default applies.
 """
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from typing import Any
@@ -32,6 +33,9 @@ HELP = {
     "scheduling_policy": "fcfs, or priority (lower priority runs first)",
     "max_waiting_requests": "waiting requests past this are refused (HTTP 503)",
     "seed": "the sampler's seed for requests without their own",
+    "generation_config": "request defaults: auto (the model's generation_config.json), vllm "
+    "(none), or a folder holding that file",
+    "override_generation_config": "JSON entries over that file's, e.g. '{\"temperature\": 0.5}'",
 }
 
 
@@ -59,6 +63,8 @@ def add_engine_arguments(
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is typing.Literal:
             options["choices"] = typing.get_args(kind)
+        elif typing.get_origin(kind) is dict:
+            options["type"] = json_object
         else:
             options["type"] = kind
             if field.name in CHOICES:
@@ -70,6 +76,14 @@ def engine_section(args: argparse.Namespace, skip: frozenset[str] = frozenset())
     """The ``engine:`` section the flags given in ``args`` make (absent ones left out)."""
     given = {f.name: getattr(args, f.name) for f in engine_fields(skip)}
     return {name: value for name, value in given.items() if value is not None}
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A flag's JSON object; argparse reports the ValueError as an invalid value."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object: {text}")
+    return value
 
 
 def _unwrap_optional(kind: Any) -> Any:

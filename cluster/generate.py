@@ -8,8 +8,9 @@ from pdserve.cluster.served_model import default_model
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 
-# `--seed` here is the requests' own seed (vLLM's sampling `seed`), not the engine's.
-NOT_ENGINE_FLAGS = frozenset({"seed"})
+# `--seed` here is the requests' own seed (vLLM's sampling `seed`), not the engine's; the flags
+# below set the request's sampling fields, so a model's defaults for them have nothing to fill.
+NOT_ENGINE_FLAGS = frozenset({"seed", "generation_config", "override_generation_config"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

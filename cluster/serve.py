@@ -22,6 +22,7 @@ from pdserve.cluster.ray_driver import init_ray
 from pdserve.cluster.serve_env import apply_serve_env
 from pdserve.cluster.served_model import default_model, served_model_name
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.generation_config import load_generation_defaults
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.serving.config import (
     DEFAULT_GRPC_PORT,
@@ -276,11 +277,13 @@ def stop() -> None:
 
 
 def check_models(config: ClusterConfig) -> None:
-    """Reads each model's config and tokenizer as the router will, so that a checkpoint pdserve
-    cannot load fails here in one line (``CheckpointError``), not in a replica after Ray starts."""
+    """Reads each model's config, tokenizer and generation defaults as the router will, so that
+    a checkpoint pdserve cannot load fails here in one line (``CheckpointError``), not in a
+    replica after Ray starts; the defaults a model sets are logged here too."""
     for model in config.models:
         ModelConfig.from_pretrained(model.path)
         Tokenizer.from_pretrained(model.path)
+        load_generation_defaults(model.engine_config())
 
 
 def run(args: argparse.Namespace) -> int:

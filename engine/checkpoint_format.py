@@ -8,6 +8,8 @@ from pdserve.engine.errors import CheckpointError
 
 GGUF_SUFFIX = ".gguf"
 HF_CONFIG_FILE = "config.json"
+# Beside config.json; an HF checkpoint's stop ids and request defaults (a GGUF file has none).
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 def gguf_file(path: str | Path) -> Path | None:

@@ -20,6 +20,10 @@ DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_WAITING_REQUESTS = 1024
 SCHEDULING_POLICIES = ("fcfs", "priority")
+# Where requests' sampling defaults come from (vLLM's --generation-config), besides a folder holding
+# a generation_config.json: the checkpoint's own file, or none (SamplingParams' neutral defaults).
+GENERATION_CONFIG_AUTO, GENERATION_CONFIG_NONE = "auto", "vllm"
+GENERATION_CONFIG_NAMES = (GENERATION_CONFIG_AUTO, GENERATION_CONFIG_NONE)  # others are folders
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,9 @@ class EngineConfig:
     # Back-pressure of the async engine: past this many waiting requests, new ones are refused.
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     seed: int = 0
+    # Requests' sampling defaults (engine/generation_config.py): "auto", "vllm" or a folder.
+    generation_config: str = GENERATION_CONFIG_AUTO
+    override_generation_config: dict[str, Any] | None = None  # entries over the file's
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -202,6 +209,13 @@ class EngineConfig:
             raise ValueError(
                 f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                 f"got {self.scheduling_policy!r}"
+            )
+        if not self.generation_config:
+            raise ValueError('generation_config must be "auto", "vllm" or a folder, got ""')
+        if not isinstance(self.override_generation_config, dict | None):
+            raise ValueError(
+                "override_generation_config must be a mapping, "
+                f"got {self.override_generation_config!r}"
             )
 
     @property

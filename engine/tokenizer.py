@@ -17,13 +17,12 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as Backend
 
-from pdserve.engine.checkpoint_format import gguf_file
+from pdserve.engine.checkpoint_format import GENERATION_CONFIG_FILE, gguf_file
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where newer checkpoints keep the template instead
-GENERATION_CONFIG_FILE = "generation_config.json"
 # The named special tokens transformers exposes to chat templates (bos_token, eos_token, ...).
 SPECIAL_TOKEN_NAMES = (
     "bos_token",

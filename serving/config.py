@@ -22,6 +22,7 @@ from pydantic import (
 from pdserve.engine.config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
+    GENERATION_CONFIG_NAMES,
     EngineConfig,
 )
 from pdserve.kvtransfer.faults import NO_FAULT, KVFault
@@ -200,6 +201,14 @@ class ServedModel(_Strict):
         if unknown:
             raise ValueError(f"unknown engine args: {', '.join(sorted(unknown))}")
         return engine
+
+    @field_validator("engine")
+    @classmethod
+    def _generation_config_folder_is_absolute(cls, engine: dict[str, Any]) -> dict[str, Any]:
+        source = engine.get("generation_config")
+        if not isinstance(source, str) or source in GENERATION_CONFIG_NAMES:
+            return engine
+        return {**engine, "generation_config": absolute_path(source)}
 
     def engine_config(self) -> EngineConfig:
         """The engine's own frozen config; raises ValueError on bad values."""

@@ -12,6 +12,7 @@ import yaml
 from pdserve.cluster import serve
 from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.engine.config import EngineConfig
+from pdserve.engine.errors import CheckpointError
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -107,6 +108,30 @@ def test_engine_flags_are_the_config_s_engine_section(tiny_model_dir: Path) -> N
     }
     (plain,) = serve.cluster_config(_args(str(tiny_model_dir))).models
     assert plain.engine == {} and plain.engine_config() == EngineConfig(model=plain.path)
+
+
+def test_generation_config_flags_are_the_engine_section_s(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's two flags: a folder is made absolute (Ray's processes work elsewhere), the
+    override is JSON; a folder without the file is refused before Ray starts."""
+    monkeypatch.chdir(tmp_path)
+    args = _args(
+        str(tiny_model_dir), "--generation-config", "defaults",
+        "--override-generation-config", '{"temperature": 0.5}',
+    )  # fmt: skip
+    config = serve.cluster_config(args)
+    (model,) = config.models
+    assert model.engine == {
+        "generation_config": str(tmp_path / "defaults"),
+        "override_generation_config": {"temperature": 0.5},
+    }
+    with pytest.raises(CheckpointError, match="without the file"):
+        serve.check_models(config)
+    (vllm,) = serve.cluster_config(_args(str(tiny_model_dir), "--generation-config", "vllm")).models
+    assert vllm.engine == {"generation_config": "vllm"}
+    with pytest.raises(SystemExit):
+        _args(str(tiny_model_dir), "--override-generation-config", "[0.5]")
 
 
 def test_every_engine_field_is_a_flag_of_its_name_and_type(tiny_model_dir: Path) -> None:
