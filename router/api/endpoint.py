@@ -41,13 +41,16 @@ class Call(Generic[RequestT]):
     async def start(
         self, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None, field: str
     ) -> RequestGroup:
-        """Starts the group for ``prompts`` with the request's sampling settings; ``max_tokens``
-        (None: what the context leaves) is checked against each prompt, blamed on ``field``."""
-        request = self.request
+        """Starts the group for ``prompts`` with the request's sampling settings (the model's
+        defaults for those it left out); ``max_tokens`` (None: the model's default, else what the
+        context leaves) is checked against each prompt, blamed on ``field``."""
+        request, defaults = self.request, self.client.generation_defaults
+        prompt_lens = [len(p) for p in prompts]
         budget = completion_budget(
-            max_tokens, [len(p) for p in prompts], self.client.max_model_len, field
+            max_tokens, prompt_lens, self.client.max_model_len, field, defaults
         )
-        params = sampling_params(max_tokens=budget, logprobs=logprobs, **request.sampling_kwargs())
+        fields = defaults.fill(request.sampling_kwargs())
+        params = sampling_params(max_tokens=budget, logprobs=logprobs, **fields)
         return await start_group(
             self.client, self.id, prompts, params, request.priority, self.limit
         )

@@ -9,6 +9,7 @@ router process stays light.
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
+from pdserve.engine.generation_config import GenerationDefaults
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
@@ -21,6 +22,7 @@ class EngineClient(Protocol):
     model_name: str
     max_model_len: int
     tokenizer: Tokenizer
+    generation_defaults: GenerationDefaults  # for the sampling fields a request leaves out
 
     def generate(
         self,

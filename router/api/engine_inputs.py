@@ -1,11 +1,13 @@
 """From an API request to the engine's inputs: prompt token ids, a completion budget that fits
-the model, and sampling params; bad input raises ``RequestError`` naming the field."""
+the model, and sampling params (the model's generation defaults for the fields the request left
+out: ``engine/generation_config.py``); bad input raises ``RequestError`` naming the field."""
 
 from typing import Any
 
 import jinja2
 
 from pdserve.engine.errors import RequestError
+from pdserve.engine.generation_config import GenerationDefaults
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.router.api.errors import context_length_error
@@ -32,17 +34,27 @@ def chat_prompt(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[in
 
 
 def completion_budget(
-    requested: int | None, prompt_lens: list[int], max_model_len: int, prompt_field: str
+    requested: int | None,
+    prompt_lens: list[int],
+    max_model_len: int,
+    prompt_field: str,
+    defaults: GenerationDefaults,
 ) -> int:
-    """``max_tokens`` as requested, or the rest of the context after the longest prompt; refuses
-    a prompt plus completion that does not fit (vLLM refuses it rather than cutting it short).
-    ``prompt_field`` names the prompt's request field in the error."""
+    """``max_tokens`` as requested, else the model's default within what the context leaves,
+    else all of that, and at most the defaults' cap; refuses a prompt plus requested completion
+    that does not fit (vLLM refuses it rather than cutting it short). ``prompt_field`` names the
+    prompt's request field in the error."""
     longest = max(prompt_lens)
-    max_tokens = max_model_len - longest if requested is None else requested
+    left = max_model_len - longest
+    if requested is not None:
+        max_tokens = requested
+    else:
+        max_tokens = left if defaults.max_tokens is None else min(defaults.max_tokens, left)
     # A max_tokens < 1 is left to SamplingParams' own message; it fits whenever the prompt does.
     if longest + max(max_tokens, 1) > max_model_len:
         raise context_length_error(max_model_len, longest, max(max_tokens, 1), prompt_field)
-    return max_tokens
+    cap = defaults.max_tokens_cap
+    return max_tokens if cap is None else min(max_tokens, cap)
 
 
 def sampling_params(**kwargs: Any) -> SamplingParams:

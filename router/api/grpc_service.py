@@ -118,8 +118,11 @@ class GenerationServicer:
             for field, value in request.sampling_params.ListFields()
         }
         requested = given.pop("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
-        max_tokens = completion_budget(requested, [len(prompt)], client.max_model_len, "prompt")
-        params = sampling_params(max_tokens=max_tokens, **given)
+        defaults = client.generation_defaults
+        max_tokens = completion_budget(
+            requested, [len(prompt)], client.max_model_len, "prompt", defaults
+        )
+        params = sampling_params(max_tokens=max_tokens, **defaults.fill(given))
         request_id = f"grpc-{uuid.uuid4().hex}"
         limit = self.admission[client.model_name]
         group = await start_group(client, request_id, [prompt], params, request.priority, limit)

@@ -1,10 +1,11 @@
 """The bodies of ``POST /v1/completions`` and ``/v1/chat/completions``, as vLLM's server reads them.
 
 Fields are OpenAI's plus vLLM's sampling extras that our engine implements. A field left out (or
-sent as null) takes ``SamplingParams``' default, so defaults live in one place. Unknown fields are
-ignored with a warning, as vLLM does, so clients that send newer OpenAI fields keep working; the
-OpenAI fields that would change the output but that the engine cannot honour (``UNSUPPORTED``)
-are refused instead, since silently ignoring them would return something else than was asked.
+sent as null) takes the served model's generation default (``engine/generation_config.py``), else
+``SamplingParams``' default, so defaults live in one place. Unknown fields are ignored with a
+warning, as vLLM does, so clients that send newer OpenAI fields keep working; the OpenAI fields
+that would change the output but that the engine cannot honour (``UNSUPPORTED``) are refused
+instead, since silently ignoring them would return something else than was asked.
 
 Types are strict, as OpenAI's (``"n": "2"`` or ``"echo": 0`` is a 400), and each field's range
 and each rule between fields (JSON Schema's ``if``/``then``) is in the OpenAPI document too, so a
@@ -23,6 +24,7 @@ from pdserve.engine.sampling_params import (
     MAX_N,
     SEED_MAX,
     SEED_MIN,
+    SamplingParams,
 )
 from pdserve.router.api.chat_messages import ChatMessage
 
@@ -62,6 +64,20 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 Penalty = Annotated[float, Field(ge=-MAX_ABS_ADDITIVE_PENALTY, le=MAX_ABS_ADDITIVE_PENALTY)]
 Logprobs = _int(ge=0, le=MAX_LOGPROBS)
 MaxTokens = _int(ge=1)
+
+
+def _model_default(field: str) -> str:
+    """The documented default of a field the model's generation_config.json may set."""
+    otherwise = SamplingParams.__dataclass_fields__[field].default
+    return f"default: the model's generation_config.json, else {otherwise}"
+
+
+# What max_tokens left out (or null) means; as in vLLM, a max_new_tokens the server was started
+# with caps any max_tokens (engine/generation_config.py).
+MAX_TOKENS_DEFAULT = (
+    "the model's generation_config.json (max_new_tokens), else the rest of the context; any value "
+    "at most a max_new_tokens the server was started with"
+)
 
 
 def _set(field: str, json_type: str) -> dict[str, Any]:
@@ -119,13 +135,16 @@ class OpenAIRequest(BaseModel):
 
     model: str | None = None  # None: the first served model, as in vLLM
     n: _int(ge=1, le=MAX_N) | None = None
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: _int(ge=-1) | None = None  # 0 or -1: disabled
-    min_p: float | None = Field(default=None, ge=0, le=1)
+    temperature: float | None = Field(None, ge=0, description=_model_default("temperature"))
+    top_p: float | None = Field(None, gt=0, le=1, description=_model_default("top_p"))
+    # 0 or -1: disabled
+    top_k: _int(ge=-1) | None = Field(None, description=_model_default("top_k"))
+    min_p: float | None = Field(None, ge=0, le=1, description=_model_default("min_p"))
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    repetition_penalty: float | None = Field(
+        None, gt=0, description=_model_default("repetition_penalty")
+    )
     seed: _int(ge=SEED_MIN, le=SEED_MAX) | None = None
     stop: Text | list[Text] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -177,7 +196,9 @@ class CompletionRequest(OpenAIRequest):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1)]
     )
-    max_tokens: MaxTokens | None = COMPLETIONS_DEFAULT_MAX_TOKENS  # None: the rest of the context
+    max_tokens: MaxTokens | None = Field(
+        COMPLETIONS_DEFAULT_MAX_TOKENS, description=f"null: {MAX_TOKENS_DEFAULT}"
+    )
     logprobs: Logprobs | None = None  # how many top logprobs per token, besides the sampled one
     echo: bool = False
 
@@ -213,8 +234,11 @@ class ChatCompletionRequest(OpenAIRequest):
     )
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: MaxTokens | None = None  # deprecated by OpenAI for max_completion_tokens
-    max_completion_tokens: MaxTokens | None = None
+    # Deprecated by OpenAI for max_completion_tokens.
+    max_tokens: MaxTokens | None = Field(None, description=f"default: {MAX_TOKENS_DEFAULT}")
+    max_completion_tokens: MaxTokens | None = Field(
+        None, description=f"default: {MAX_TOKENS_DEFAULT}"
+    )
     logprobs: bool = False
     top_logprobs: Logprobs | None = None
     add_generation_prompt: bool = True

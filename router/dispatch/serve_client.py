@@ -17,6 +17,7 @@ from ray.serve.handle import DeploymentHandle
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.errors import EngineStoppedError
+from pdserve.engine.generation_config import load_generation_defaults
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
@@ -51,6 +52,7 @@ class ServeEngineClient:
         )
         self._block_size = engine_config.block_size
         self.tokenizer = Tokenizer.from_pretrained(served.path)
+        self.generation_defaults = load_generation_defaults(engine_config)
         # Built now, so their request routers (the pools' placements) exist before the first
         # request.
         self._prefill = None if prefill is None else prefill.options(method_name="prefill")

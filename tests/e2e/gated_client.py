@@ -20,6 +20,7 @@ class GatedClient:
         self.model_name = inner.model_name
         self.max_model_len = inner.max_model_len
         self.tokenizer = inner.tokenizer
+        self.generation_defaults = inner.generation_defaults
         self.gate = threading.Event()
         self.gate.set()
 

@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 
 from pdserve.engine.async_engine import AsyncLLMEngine
 from pdserve.engine.config import EngineConfig
+from pdserve.engine.generation_config import load_generation_defaults
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.router.timing import mark_upstream_call, mark_upstream_output
@@ -16,6 +17,7 @@ class LocalEngineClient:
         self.model_name = model_name
         self.max_model_len = engine.engine.max_model_len
         self.tokenizer = engine.engine.tokenizer
+        self.generation_defaults = load_generation_defaults(engine.engine.config)
 
     @classmethod
     def from_config(cls, config: EngineConfig, model_name: str) -> "LocalEngineClient":

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from pdserve.engine.errors import RequestError
+from pdserve.engine.generation_config import GenerationDefaults
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.tokenizer import Tokenizer
 from pdserve.router.api.engine_inputs import chat_prompt, completion_budget, sampling_params
@@ -134,7 +135,9 @@ def test_out_of_range_values_raise_request_error_naming_the_field() -> None:
 def test_completion_budget_defaults_to_the_rest_of_the_context(
     requested: int | None, prompt_lens: list[int], expected: int
 ) -> None:
-    assert completion_budget(requested, prompt_lens, 100, "prompt") == expected
+    assert (
+        completion_budget(requested, prompt_lens, 100, "prompt", GenerationDefaults()) == expected
+    )
 
 
 @pytest.mark.parametrize(("requested", "prompt_lens"), [(91, [10]), (None, [100]), (None, [150])])
@@ -142,7 +145,7 @@ def test_completion_budget_refuses_what_does_not_fit(
     requested: int | None, prompt_lens: list[int]
 ) -> None:
     with pytest.raises(APIError, match="maximum context length is 100 tokens") as error:
-        completion_budget(requested, prompt_lens, 100, "messages")
+        completion_budget(requested, prompt_lens, 100, "messages", GenerationDefaults())
     assert (error.value.param, error.value.code) == ("messages", "context_length_exceeded")
 
 
