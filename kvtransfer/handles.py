@@ -56,8 +56,8 @@ class KVExport:
     lease_id: str
     lease_seconds: float
     payload: Any = None  # object-store backend: the ObjectRef of the blocks' contents
-    # Per block, as exported: its CRC-32 (empty when the owner does not verify) and, over NIXL,
-    # its generation, which moves on when the owner frees it.
+    # Per block, as exported: its XXH3-64 hash (empty when the owner does not verify) and, over
+    # NIXL, its generation, which moves on when the owner frees it.
     checksums: tuple[int, ...] = ()
     generations: tuple[int, ...] = ()
     since: float = field(default_factory=time.monotonic, compare=False)
