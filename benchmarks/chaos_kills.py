@@ -1,5 +1,6 @@
 """The chaos benchmark's kills: one replica every ``kill_every_s`` seconds of the run, of each role
-in ``--kill`` in turn (round robin), chosen at random among its pool's live replicas."""
+in ``--kill`` in turn (round robin): of its pool's live replicas, one that carries the most
+requests."""
 
 import asyncio
 import itertools
@@ -15,6 +16,7 @@ class Kill(NamedTuple):
     at_s: float  # from the run's start
     deployment: str
     replica: str | None  # None: the pool had no live replica to kill
+    carried: int  # requests running or waiting on it as it answered just before the kill
 
 
 def parse_roles(text: str) -> list[str]:
@@ -46,6 +48,6 @@ async def run_kills(
         await asyncio.sleep(start + at - time.monotonic())
         deployment = pool_deployment(role, model)
         # Ray's state API and ray.kill block: off the loop, which carries the streams.
-        replica = await asyncio.to_thread(kill_replica, deployment, rng)
-        kills.append(Kill(time.monotonic() - start, deployment, replica))
+        replica, carried = await asyncio.to_thread(kill_replica, deployment, rng)
+        kills.append(Kill(time.monotonic() - start, deployment, replica, carried))
     return kills

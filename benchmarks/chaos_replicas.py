@@ -8,7 +8,7 @@ import time
 
 from ray import serve
 
-from pdserve.cluster.replicas import live_replica_stats, live_replicas
+from pdserve.cluster.replicas import answering_replica_stats, live_replica_stats, live_replicas
 from pdserve.cluster.serve import APP_NAME
 from pdserve.serving.config import pool_deployment
 from pdserve.serving.ray_compat import kill_replica_actor
@@ -17,15 +17,26 @@ ROLES = ("prefill", "decode")
 POLL_S = 0.5
 
 
-def kill_replica(deployment: str, rng: random.Random) -> str | None:
-    """Kills one of the deployment's live replicas, chosen at random; its id, or None if it has
-    none. Serve starts a replacement by itself."""
+def kill_replica(deployment: str, rng: random.Random) -> tuple[str | None, int]:
+    """Kills one of the deployment's live replicas that carries the most requests (running or
+    waiting, as it answered just before; a replica that did not answer counts as carrying
+    none), chosen at random among equals: a kill of an idle replica would test nothing. Returns
+    its id and those requests, or (None, 0) if the deployment has no live replica. Serve starts
+    a replacement by itself."""
     replicas = live_replicas(deployment)
     if not replicas:
-        return None
-    replica = rng.choice(sorted(replicas))
+        return None, 0
+    stats = answering_replica_stats(deployment)
+    carried = {
+        replica: stats[replica]["num_running"] + stats[replica]["num_waiting"]
+        if replica in stats
+        else 0
+        for replica in replicas
+    }
+    most = max(carried.values())
+    replica = rng.choice(sorted(r for r, n in carried.items() if n == most))
     kill_replica_actor(replicas[replica])
-    return replica
+    return replica, most
 
 
 def pool_stats(model: str, timeout_s: float) -> dict[str, dict[str, dict | None]]:

@@ -94,7 +94,10 @@ def print_report(result: dict[str, Any]) -> None:
     print("| " + " | ".join(map(str, figures)) + " |")
     for kill in result["kills"]:
         victim = kill["replica"] or "none live"
-        print(f"kill at {kill['at_s']:.1f} s: {kill['deployment']} replica {victim}")
+        print(
+            f"kill at {kill['at_s']:.1f} s: {kill['deployment']} replica {victim}, "
+            f"carrying {kill['carried']} requests"
+        )
     for title, errors in (("failed", summary["errors"]), ("refused", summary["refusals"])):
         for error, count in errors.items():
             print(f"{title} ({count}): {error}")

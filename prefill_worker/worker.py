@@ -5,6 +5,7 @@ with ``max_tokens=1`` and ``hold_kv``, so when its first token is sampled its bl
 under a lease (kvtransfer) instead of freed. The decode replica pulls them and ends the lease.
 """
 
+import asyncio
 import dataclasses
 
 from pdserve.engine.outputs import RequestOutput
@@ -18,8 +19,29 @@ class PrefillWorker(EngineReplica):
     def __init__(self, served: dict) -> None:
         super().__init__(served)
         self.peer_info = self.connector.peer_info()
+        self._not_held = asyncio.Event()
+        self._not_held.set()
+        self._num_held = 0
+
+    async def hold_prefills(self, held: bool) -> None:
+        """Test-only: while ``held``, every prefill call waits before its prompt reaches the
+        engine, counted in ``stats()["held_prefills"]``; a test kills the replica while a
+        request is inside its call (tests/e2e/test_migration.py)."""
+        if held:
+            self._not_held.clear()
+        else:
+            self._not_held.set()
+
+    def stats(self) -> dict:
+        return {**super().stats(), "held_prefills": self._num_held}
 
     async def prefill(self, request: GenerateRequest) -> PrefillResult:
+        if not self._not_held.is_set():
+            self._num_held += 1
+            try:
+                await self._not_held.wait()
+            finally:
+                self._num_held -= 1
         params = request.params
         decodes_on = params.max_tokens > 1
         first_params = dataclasses.replace(

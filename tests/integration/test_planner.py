@@ -41,6 +41,7 @@ TTFT_MS, ITL_MS = 150, 15
 RAMP = [(1.0, 10.0), (6.0, 15.0)]  # (requests/s, seconds): two intervals calm, three loaded
 LOADED_RATE = 2.0  # an interval with more requests/s than this is in the ramp's second phase
 SHRINK_TIMEOUT_S = 150.0
+DECISIONS_AFTER_RAMP = 4  # intervals to wait, after the ramp, for the decisions it is judged by
 WATCH_S = 0.5
 
 
@@ -155,9 +156,15 @@ def test_a_rising_load_grows_both_pools_and_its_end_shrinks_them(cluster, tiny_m
         thread.join(timeout=120)
     assert not errors, errors[:3]
     assert len(results) == sent
-    # Both pools grow within two intervals of the first interval that missed a target.
-    history = _history()
-    missed = next((i for i, line in enumerate(history) if _missed(line)), None)
+    # Both pools grow within two intervals of the first interval that missed a target. The
+    # planner's decisions trail the load: wait for that interval and the two after it.
+    deadline = time.monotonic() + DECISIONS_AFTER_RAMP * INTERVAL_S
+    while True:
+        history = _history()
+        missed = next((i for i, line in enumerate(history) if _missed(line)), None)
+        if (missed is not None and len(history) > missed + 2) or time.monotonic() > deadline:
+            break
+        time.sleep(WATCH_S)
     assert missed is not None, history
     for pool in ("prefill", "decode"):
         grown = next((i for i, line in enumerate(history) if f"{pool} 1 -> 2" in line), None)

@@ -69,7 +69,7 @@ def test_the_summary_counts_each_ending_and_its_errors() -> None:
 def test_a_killed_replica_and_its_successor_are_rows_apart() -> None:
     start = {DECODE: {"a": _stats("a", 64), "b": _stats("b", 64)}, PREFILL: {"p": _stats("p", 64)}}
     end = {DECODE: {"b": _stats("b", 64, rss_mib=120), "c": _stats("c", 64)}, PREFILL: {}}
-    rows = replica_rows(start, end, [Kill(10.0, DECODE, "a"), Kill(20.0, PREFILL, "p")])
+    rows = replica_rows(start, end, [Kill(10.0, DECODE, "a", 2), Kill(20.0, PREFILL, "p", 1)])
     by_id = {row["replica"]: row for row in rows}
     assert list(by_id) == ["a", "b", "c", "p"]
     assert by_id["a"]["killed"] and not by_id["a"]["live_at_end"]
