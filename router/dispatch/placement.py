@@ -8,15 +8,17 @@ cached block hashes built from those events and scores a request's candidates on
 
 Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds.
 Between reports, what this router sent a replica counts there: the prompt's tokens as load until
-the call ends or a report made after the send counts it, and its blocks as cached for
-``RECENT_S`` (the prefix a burst shares is then as cheap there as it will be once prefilled).
+the call ends or a report made after the send counts it, and its blocks as cached while the call
+runs and after it ends, until a trusted report made after the end speaks for them (the prefix a
+burst shares is then as cheap there as it will be once prefilled, and a prompt repeated after its
+call still finds it however late the reports come), for ``FORGET_S`` at most.
 Ties go to a random one of the best: in order, the first replica would take every new prefix and
 thrash its cache while the others' went unused.
 
 A replica whose event log has a gap (it sent more reports than one holds while this router heard
-none) or from which this router has heard no new report for ``STALE_S`` counts as caching nothing
-until its next snapshot. A restarted replica starts a new log (its epoch), never extending its old
-index.
+none) has no index until its next snapshot (what this router sent it still counts); one from which
+this router has heard no new report for ``STALE_S`` counts as caching nothing until it reports
+again. A restarted replica starts a new log (its epoch), never extending its old index.
 
 No instant crosses hosts, whose clocks may differ: a report's age is counted on this router's
 clock from when it first heard that report (numbered by the replica, as Serve hands the same one
@@ -36,6 +38,7 @@ import math
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -45,7 +48,7 @@ from pdserve.engine.prefix_hash import BlockHash
 from pdserve.serving.messages import GenerateRequest
 
 Role = Literal["prefill", "decode"]
-RECENT_S = 5.0  # how long blocks sent to a replica count as cached there without its word
+FORGET_S = 30.0  # how long blocks a call left at a replica count as cached there without its word
 STALE_S = 10.0  # no new report from a replica this long: its index is not trusted
 
 
@@ -67,7 +70,19 @@ class _Replica:
     clock_offset: float = math.inf
     # Calls in flight there, by request id: (when sent, prompt tokens).
     sent: dict[str, tuple[float, int]] = field(default_factory=dict)
-    recent: dict[BlockHash, float] = field(default_factory=dict)  # block sent here -> when
+    # Blocks of the calls in flight there, by request id, and how many such calls hold each.
+    sent_blocks: dict[str, tuple[BlockHash, ...]] = field(default_factory=dict)
+    in_flight: Counter[BlockHash] = field(default_factory=Counter)
+    left: dict[BlockHash, float] = field(default_factory=dict)  # block -> when its call ended
+
+    def forget_call(self, request_id: str, now: float, stored: bool) -> None:
+        """The call has ended (``stored``: its blocks are at the replica) or went elsewhere."""
+        for block_hash in self.sent_blocks.pop(request_id, ()):
+            self.in_flight[block_hash] -= 1
+            if not self.in_flight[block_hash]:
+                del self.in_flight[block_hash]
+            if stored:
+                self.left[block_hash] = now
 
     def apply(self, report: KVEventReport) -> None:
         if report.epoch != self.epoch:
@@ -143,24 +158,29 @@ class PoolPlacement:
 
     def sent(self, replica_id: str, request: GenerateRequest) -> None:
         """``request`` went to the replica: its prompt is load there until its call ends or a
-        later report counts it, its blocks cached there for ``RECENT_S``."""
+        later report counts it, its blocks cached there until a report made after the call's end
+        speaks for them."""
         with self._lock:
-            self.ended(request.request_id)  # sent again, e.g. after a rejection
+            self._end(request.request_id, stored=False)  # sent again, e.g. after a rejection
             replica = self._replicas.setdefault(replica_id, _Replica())
             now = self._now()
             replica.sent[request.request_id] = (now, len(request.prompt_token_ids))
+            replica.sent_blocks[request.request_id] = request.block_hashes
+            replica.in_flight.update(request.block_hashes)
             self._sent_to[request.request_id] = replica_id
-            for block_hash in request.block_hashes:
-                replica.recent[block_hash] = now
 
     def ended(self, request_id: str) -> None:
         """The call for ``request_id`` has ended (returned, failed or was cancelled). The caller
         says so: Serve's own completion callback does not fire for unary calls over its gRPC
         transport (Ray 2.60), and a report can come a second after a short call ended."""
         with self._lock:
-            replica = self._replicas.get(self._sent_to.pop(request_id, ""))
-            if replica is not None:
-                replica.sent.pop(request_id, None)
+            self._end(request_id, stored=True)
+
+    def _end(self, request_id: str, stored: bool) -> None:
+        replica = self._replicas.get(self._sent_to.pop(request_id, ""))
+        if replica is not None:
+            replica.sent.pop(request_id, None)
+            replica.forget_call(request_id, self._now(), stored)
 
     def view(self) -> dict[str, dict]:
         """Each replica as this placement sees it now (for operators and tests)."""
@@ -202,17 +222,24 @@ class PoolPlacement:
         for request_id, (sent_at, _) in list(replica.sent.items()):
             if sent_at <= made_at:
                 del replica.sent[request_id]
-                self._sent_to.pop(request_id, None)
-        replica.recent = {h: t for h, t in replica.recent.items() if now - t <= RECENT_S}
+        # Blocks left by calls that ended before a trusted report was made: the report's word.
+        forget_before = made_at if replica.synced else now - FORGET_S
+        replica.left = {h: t for h, t in replica.left.items() if t > forget_before}
 
     def _overlap(self, replica: _Replica, request: GenerateRequest, now: float) -> int:
-        """The prompt's leading blocks cached at the replica, or sent there lately."""
-        trusted = replica.synced and now - replica.heard_at < STALE_S
-        cached = replica.cached if trusted else set()
+        """The prompt's leading blocks cached at the replica, or sent there by this router and
+        not yet spoken for by its reports."""
+        if now - replica.heard_at >= STALE_S:
+            return 0  # silent: perhaps hung, its calls' blocks no draw
+        cached = replica.cached if replica.synced else set()
         overlap = 0
         for block_hash in request.block_hashes:
-            sent_at = replica.recent.get(block_hash)
-            if block_hash not in cached and (sent_at is None or now - sent_at > RECENT_S):
+            left_at = replica.left.get(block_hash)
+            if (
+                block_hash not in cached
+                and block_hash not in replica.in_flight
+                and (left_at is None or now - left_at > FORGET_S)
+            ):
                 break
             overlap += 1
         return overlap

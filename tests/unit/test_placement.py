@@ -9,7 +9,7 @@ import pytest
 from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.dispatch.placement import RECENT_S, STALE_S, PoolPlacement
+from pdserve.router.dispatch.placement import FORGET_S, STALE_S, PoolPlacement
 from pdserve.serving.messages import GenerateRequest
 
 BLOCK = 16
@@ -84,14 +84,51 @@ def test_ties_go_to_any_of_the_best(clock: Clock) -> None:
 def test_blocks_sent_count_as_cached_before_the_replica_reports_them(clock: Clock) -> None:
     # Overlap weighs twice: the first request's queued tokens no longer cancel its prefix.
     placement = PoolPlacement("prefill", BLOCK, kv_overlap_weight=2.0, clock=clock)
-    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    logs = {"a": KVEventLog(), "b": KVEventLog()}
+    placement.sync({name: _stats(log, clock.now) for name, log in logs.items()})
     prefix = list(range(256))
     first = placement.place(_request(prefix + [1] * 8, "first"))
     placement.sent(first.replica, _request(prefix + [1] * 8, "first"))
     for i in range(5):  # no report in between: the blocks sent count as cached there
         assert placement.place(_request(prefix + [2 + i] * 8, f"r{i}")) == (first.replica, 256)
-    clock.now += RECENT_S + 1  # never confirmed by a report: forgotten
-    assert placement.place(_request(prefix, "late")).cached_tokens == 0
+    clock.now += FORGET_S + 1  # reports without them, but the call still runs: they are there
+    placement.sync({name: _stats(log, clock.now) for name, log in logs.items()})
+    assert placement.place(_request(prefix, "late")) == (first.replica, 256)
+    placement.ended("first")
+    assert placement.place(_request(prefix, "ended")) == (first.replica, 256)
+    clock.now += 1.0  # a report made after the end, without them (never prefilled): forgotten
+    placement.sync({name: _stats(log, clock.now) for name, log in logs.items()})
+    assert placement.place(_request(prefix, "later"), [first.replica]).cached_tokens == 0
+
+
+def test_a_call_s_blocks_count_until_a_report_made_after_it_ended(clock: Clock) -> None:
+    # Reports may come late (a busy controller): a prompt repeated after its call ended still
+    # finds its prefix where the call left it, until the replica's own word comes.
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})
+    request = _request(list(range(160)), "first")
+    placement.sent("a", request)
+    clock.now += 20.0
+    placement.ended("first")
+    clock.now += 8.0
+    placement.sync({"a": _stats(a, clock.now - 9.0), "b": _stats(b, clock.now)})  # made before
+    assert placement.place(_request(list(range(160)), "again")) == ("a", 160)
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})  # made after, without
+    assert placement.place(_request(list(range(160)), "again")).cached_tokens == 0
+    _caching(a, request)
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})
+    assert placement.place(_request(list(range(160)), "again")) == ("a", 160)
+
+
+def test_a_call_sent_elsewhere_leaves_no_blocks_behind(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    request = _request(list(range(160)), "first")
+    placement.sent("a", request)
+    placement.sent("b", request)  # a rejected it
+    assert placement.place(_request(list(range(160)), "again"), ["a"]).cached_tokens == 0
+    assert placement.place(_request(list(range(160)), "again")) == ("b", 160)
 
 
 def test_load_sent_counts_until_a_later_report(clock: Clock) -> None:
