@@ -8,10 +8,12 @@ cached block hashes built from those events and scores a request's candidates on
 
 Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds.
 Between reports, what this router sent a replica counts there: the prompt's tokens as load until
-the call ends or a report made after the send counts it, and its blocks as cached while the call
-runs and after it ends, until a trusted report made after the end speaks for them (the prefix a
-burst shares is then as cheap there as it will be once prefilled, and a prompt repeated after its
-call still finds it however late the reports come), for ``FORGET_S`` at most.
+the call ends or a report made after the send counts it, and its blocks as cached from the send
+and again from the call's end until a trusted report made ``RECENT_S`` after the later of the two
+speaks for them, ``FORGET_S`` at most (the prefix a burst shares is then as cheap there as it will
+be once prefilled, and a prompt repeated after its call finds it however late the reports come).
+``RECENT_S`` covers the replica's work before it stores the blocks and the error in mapping a
+report's stamp onto this router's clock (below).
 Ties go to a random one of the best: in order, the first replica would take every new prefix and
 thrash its cache while the others' went unused.
 
@@ -38,7 +40,6 @@ import math
 import random
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -48,7 +49,9 @@ from pdserve.engine.prefix_hash import BlockHash
 from pdserve.serving.messages import GenerateRequest
 
 Role = Literal["prefill", "decode"]
-FORGET_S = 30.0  # how long blocks a call left at a replica count as cached there without its word
+RECENT_S = 5.0  # a report made this long after a block was sent (or its call ended) speaks for it
+FORGET_S = 30.0  # how long blocks sent to a replica count as cached there without its word
+LONGEST_CALL_S = 3600.0  # a call this old whose end was never heard of is forgotten
 STALE_S = 10.0  # no new report from a replica this long: its index is not trusted
 
 
@@ -70,19 +73,13 @@ class _Replica:
     clock_offset: float = math.inf
     # Calls in flight there, by request id: (when sent, prompt tokens).
     sent: dict[str, tuple[float, int]] = field(default_factory=dict)
-    # Blocks of the calls in flight there, by request id, and how many such calls hold each.
-    sent_blocks: dict[str, tuple[BlockHash, ...]] = field(default_factory=dict)
-    in_flight: Counter[BlockHash] = field(default_factory=Counter)
-    left: dict[BlockHash, float] = field(default_factory=dict)  # block -> when its call ended
+    # The blocks of each call in flight there, by request id: (when sent, block hashes).
+    calls: dict[str, tuple[float, tuple[BlockHash, ...]]] = field(default_factory=dict)
+    recent: dict[BlockHash, float] = field(default_factory=dict)  # block -> when sent, or ended
 
-    def forget_call(self, request_id: str, now: float, stored: bool) -> None:
-        """The call has ended (``stored``: its blocks are at the replica) or went elsewhere."""
-        for block_hash in self.sent_blocks.pop(request_id, ()):
-            self.in_flight[block_hash] -= 1
-            if not self.in_flight[block_hash]:
-                del self.in_flight[block_hash]
-            if stored:
-                self.left[block_hash] = now
+    def touch(self, block_hashes: tuple[BlockHash, ...], now: float) -> None:
+        for block_hash in block_hashes:
+            self.recent[block_hash] = now
 
     def apply(self, report: KVEventReport) -> None:
         if report.epoch != self.epoch:
@@ -158,15 +155,14 @@ class PoolPlacement:
 
     def sent(self, replica_id: str, request: GenerateRequest) -> None:
         """``request`` went to the replica: its prompt is load there until its call ends or a
-        later report counts it, its blocks cached there until a report made after the call's end
-        speaks for them."""
+        later report counts it, its blocks cached there until a report speaks for them."""
         with self._lock:
             self._end(request.request_id, stored=False)  # sent again, e.g. after a rejection
             replica = self._replicas.setdefault(replica_id, _Replica())
             now = self._now()
             replica.sent[request.request_id] = (now, len(request.prompt_token_ids))
-            replica.sent_blocks[request.request_id] = request.block_hashes
-            replica.in_flight.update(request.block_hashes)
+            replica.calls[request.request_id] = (now, request.block_hashes)
+            replica.touch(request.block_hashes, now)
             self._sent_to[request.request_id] = replica_id
 
     def ended(self, request_id: str) -> None:
@@ -177,10 +173,17 @@ class PoolPlacement:
             self._end(request_id, stored=True)
 
     def _end(self, request_id: str, stored: bool) -> None:
+        """``stored``: the call ran there, so its blocks are there now; else it went elsewhere."""
         replica = self._replicas.get(self._sent_to.pop(request_id, ""))
-        if replica is not None:
-            replica.sent.pop(request_id, None)
-            replica.forget_call(request_id, self._now(), stored)
+        if replica is None:
+            return
+        replica.sent.pop(request_id, None)
+        _, block_hashes = replica.calls.pop(request_id, (0.0, ()))
+        if stored:
+            replica.touch(block_hashes, self._now())
+        else:  # (another call there with the same blocks loses them too, until a report)
+            for block_hash in block_hashes:
+                replica.recent.pop(block_hash, None)
 
     def view(self) -> dict[str, dict]:
         """Each replica as this placement sees it now (for operators and tests)."""
@@ -222,9 +225,14 @@ class PoolPlacement:
         for request_id, (sent_at, _) in list(replica.sent.items()):
             if sent_at <= made_at:
                 del replica.sent[request_id]
-        # Blocks left by calls that ended before a trusted report was made: the report's word.
-        forget_before = made_at if replica.synced else now - FORGET_S
-        replica.left = {h: t for h, t in replica.left.items() if t > forget_before}
+        # Blocks sent (or whose call ended) RECENT_S before a trusted report: the report's word.
+        spoken_for = made_at - RECENT_S if replica.synced else -math.inf
+        replica.recent = {
+            h: t for h, t in replica.recent.items() if t > spoken_for and now - t <= FORGET_S
+        }
+        replica.calls = {
+            r: call for r, call in replica.calls.items() if now - call[0] <= LONGEST_CALL_S
+        }
 
     def _overlap(self, replica: _Replica, request: GenerateRequest, now: float) -> int:
         """The prompt's leading blocks cached at the replica, or sent there by this router and
@@ -234,12 +242,8 @@ class PoolPlacement:
         cached = replica.cached if replica.synced else set()
         overlap = 0
         for block_hash in request.block_hashes:
-            left_at = replica.left.get(block_hash)
-            if (
-                block_hash not in cached
-                and block_hash not in replica.in_flight
-                and (left_at is None or now - left_at > FORGET_S)
-            ):
+            touched = replica.recent.get(block_hash)
+            if block_hash not in cached and (touched is None or now - touched > FORGET_S):
                 break
             overlap += 1
         return overlap

@@ -9,7 +9,7 @@ import pytest
 from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.dispatch.placement import FORGET_S, STALE_S, PoolPlacement
+from pdserve.router.dispatch.placement import FORGET_S, RECENT_S, STALE_S, PoolPlacement
 from pdserve.serving.messages import GenerateRequest
 
 BLOCK = 16
@@ -91,14 +91,27 @@ def test_blocks_sent_count_as_cached_before_the_replica_reports_them(clock: Cloc
     placement.sent(first.replica, _request(prefix + [1] * 8, "first"))
     for i in range(5):  # no report in between: the blocks sent count as cached there
         assert placement.place(_request(prefix + [2 + i] * 8, f"r{i}")) == (first.replica, 256)
-    clock.now += FORGET_S + 1  # reports without them, but the call still runs: they are there
+    clock.now += RECENT_S - 1  # reports made too soon after the send to have them: not heard
     placement.sync({name: _stats(log, clock.now) for name, log in logs.items()})
-    assert placement.place(_request(prefix, "late")) == (first.replica, 256)
-    placement.ended("first")
-    assert placement.place(_request(prefix, "ended")) == (first.replica, 256)
-    clock.now += 1.0  # a report made after the end, without them (never prefilled): forgotten
+    assert placement.place(_request(prefix, "soon")) == (first.replica, 256)
+    clock.now += 2  # a report made RECENT_S after the send, without them (never stored): its word
     placement.sync({name: _stats(log, clock.now) for name, log in logs.items()})
     assert placement.place(_request(prefix, "later"), [first.replica]).cached_tokens == 0
+
+
+def test_never_reported_blocks_are_forgotten(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    log = KVEventLog(window=1)
+    placement.sync({"a": _stats(log, clock.now)})
+    log.stored(b"elsewhere")
+    log.report()  # unheard: a gap, so this router trusts no index of a until a snapshot
+    placement.sync({"a": _stats(log, clock.now)})
+    placement.sent("a", _request(list(range(64)), "first"))
+    clock.now += FORGET_S - 1
+    placement.sync({"a": _stats(log, clock.now)})
+    assert placement.place(_request(list(range(64)), "again")).cached_tokens == 64
+    clock.now += 2
+    assert placement.place(_request(list(range(64)), "again")).cached_tokens == 0
 
 
 def test_a_call_s_blocks_count_until_a_report_made_after_it_ended(clock: Clock) -> None:
@@ -109,12 +122,16 @@ def test_a_call_s_blocks_count_until_a_report_made_after_it_ended(clock: Clock) 
     placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})
     request = _request(list(range(160)), "first")
     placement.sent("a", request)
-    clock.now += 20.0
+    clock.now += 20.0  # a long call; its blocks stored at a, in no report this router heard
     placement.ended("first")
     clock.now += 8.0
     placement.sync({"a": _stats(a, clock.now - 9.0), "b": _stats(b, clock.now)})  # made before
     assert placement.place(_request(list(range(160)), "again")) == ("a", 160)
-    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})  # made after, without
+    # Made after the end, but within RECENT_S of it: perhaps before the blocks were stored.
+    placement.sync({"a": _stats(a, clock.now - 8.0 + RECENT_S - 1), "b": _stats(b, clock.now)})
+    assert placement.place(_request(list(range(160)), "again")) == ("a", 160)
+    clock.now += RECENT_S
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})  # later, without them
     assert placement.place(_request(list(range(160)), "again")).cached_tokens == 0
     _caching(a, request)
     placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})
@@ -128,7 +145,7 @@ def test_a_call_sent_elsewhere_leaves_no_blocks_behind(clock: Clock) -> None:
     placement.sent("a", request)
     placement.sent("b", request)  # a rejected it
     assert placement.place(_request(list(range(160)), "again"), ["a"]).cached_tokens == 0
-    assert placement.place(_request(list(range(160)), "again")) == ("b", 160)
+    assert placement.place(_request(list(range(160)), "again"), ["b"]) == ("b", 160)
 
 
 def test_load_sent_counts_until_a_later_report(clock: Clock) -> None:
