@@ -6,7 +6,8 @@ orphans. So, over SSH, a host looks like a machine to Ray and ``ray up``: its ow
 own processes only (``ray stop`` kills Ray's processes by name among those it sees), its own
 ``/tmp`` (``/tmp/ray``), ``/dev/shm`` (the object store) and home (an overlay on this machine's
 ``/root``: it sees what is there, its writes stay its own), and ``/etc/hosts`` naming every host.
-The rest of the filesystem is shared: hosts run this checkout's ``.venv`` in place.
+The rest of the filesystem is shared: hosts run this checkout's ``.venv`` in place (a checkout
+under ``/tmp`` is bound into each host's own ``/tmp`` at its path).
 
 Nothing leaves the bridge. Each host's default route points at an address on the bridge that no
 one holds: programs that find their address from the default route (``ray start``) find the
@@ -34,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+CHECKOUT = Path(__file__).resolve().parents[2]
 SUBNET = "10.77.0"
 PREFIX_LEN = 24
 MACHINE_ADDRESS = f"{SUBNET}.1"  # this machine's address on the bridge
@@ -99,10 +101,16 @@ class Host:
         """Boots the host: its init and sshd in fresh namespaces; returns once sshd accepts."""
         _run("ip", "link", "set", self.veth, "up")
         (self.dir / "sshd_config").write_text(self._sshd_config(clock_offset_s))
+        kept = []  # bound into the host's /tmp first, carried over it with --rbind
+        for path in _kept_from_tmp():
+            inside = self.dir / "tmp" / path.relative_to("/tmp")
+            inside.mkdir(parents=True, exist_ok=True)
+            kept.append(f"mount --bind {path} {inside}")
         boot = [
             f"mount -t overlay overlay -o lowerdir=/root,upperdir={self.dir}/home,"
             f"workdir={self.dir}/home-work /root",
-            f"mount --bind {self.dir}/tmp /tmp",
+            *kept,
+            f"mount --rbind {self.dir}/tmp /tmp",
             "mount -t tmpfs tmpfs /dev/shm",
             f"mount --bind {self.dir.parent}/hosts /etc/hosts",
             f"hostname {self.name}",
@@ -239,6 +247,14 @@ def bring_up(count: int, clock_offsets_s: Mapping[int, int] | None = None) -> It
                     host.kill()
             finally:
                 _remove_leftovers()
+
+
+def _kept_from_tmp() -> list[Path]:
+    """This checkout and its Python environment where they lie under /tmp, which every host
+    replaces with its own: the hosts must run them all the same."""
+    paths = {CHECKOUT, Path(sys.prefix).resolve()}
+    under = [path for path in paths if path.is_relative_to("/tmp")]
+    return sorted(p for p in under if not any(p != q and p.is_relative_to(q) for q in under))
 
 
 def _make_network(state: Path, hosts: list[Host]) -> None:
