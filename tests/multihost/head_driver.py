@@ -1,0 +1,55 @@
+"""What tests/multihost/test_ray_up.py reads from inside a cluster that `ray up` made: run on its
+head by `ray exec` (`python head_driver.py VIEW ARG...`), it prints one JSON line.
+
+- ``app NAME TIMEOUT_S``: once Serve's application NAME runs (or has failed), its status and
+  each live node's address and resources.
+- ``kv MODEL``: the router's route decisions for MODEL and each decode replica's stats.
+"""
+
+import json
+import sys
+import time
+from typing import Any
+
+import ray
+
+POLL_S = 1.0
+
+
+def app(name: str, timeout_s: float) -> dict[str, Any]:
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status().applications.get(name)
+        settled = status is not None and status.status in ("RUNNING", "DEPLOY_FAILED")
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    nodes = [
+        {"address": node["NodeManagerAddress"], "resources": node["Resources"]}
+        for node in ray.nodes()
+        if node["Alive"]
+    ]
+    if status is None:
+        return {"status": "MISSING", "nodes": nodes}
+    return {"status": status.status, "message": status.message, "nodes": nodes}
+
+
+def kv(model: str) -> dict[str, Any]:
+    from ray import serve
+
+    from pdserve.cluster.replicas import answering_replica_stats
+    from pdserve.cluster.serve import APP_NAME
+
+    routes = serve.get_app_handle(APP_NAME).route_decisions.remote().result().get(model, {})
+    decode = list(answering_replica_stats(f"decode-{model}").values())
+    return {"routes": routes, "decode": decode}
+
+
+VIEWS = {"app": lambda name, timeout_s: app(name, float(timeout_s)), "kv": kv}
+
+if __name__ == "__main__":
+    view, *args = sys.argv[1:]
+    ray.init(address="auto", logging_level="ERROR")
+    print(json.dumps(VIEWS[view](*args)), flush=True)

@@ -1,0 +1,92 @@
+"""`ray up`, `ray exec` and `ray down` on the test hosts, with deploy/'s own files.
+
+``cluster_config`` renders deploy/cluster-local.yaml for the hosts: their addresses, the harness's
+SSH key, this run's Ray token; since the hosts share this machine's disk, it drops the copies of
+the checkout and the model and `make setup`, and puts this checkout's environment on the PATH.
+Each node's object store is kept small: the default (30% of memory) would not fit thrice.
+``serve_config`` renders deploy/serve-cluster.yaml for one small model with fixed pools.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pdserve.tests.multihost.hosts import CHECKOUT, Host
+
+RAY = Path(sys.executable).with_name("ray")  # this checkout's environment: hosts share the disk
+CLUSTER_LOCAL = CHECKOUT / "deploy" / "cluster-local.yaml"
+SERVE_CLUSTER = CHECKOUT / "deploy" / "serve-cluster.yaml"
+TOKEN_MOUNT = "~/.ray/auth_token"  # where Ray reads its token on each node
+NODE_RESOURCES = "~/pdserve-node-resources.json"  # a worker's own resources (cluster-local.yaml)
+SHARED_COPIES = ("~/pdserve", "~/models/tiny")  # the mounts the shared disk makes needless
+SETUP_VENV = "~/pdserve/.venv/bin"
+OBJECT_STORE_BYTES = 100 * 2**20
+NODE_FLAGS = f"--object-store-memory={OBJECT_STORE_BYTES} --disable-usage-stats"
+# The workers' watch for a lost head (cluster-local.yaml) looks every 10 s; here every 2 s, so that
+# `ray down`'s test waits less for their Ray to stop.
+HEAD_WATCH_SLEEP = ("sleep 10;", "sleep 2;")
+# Ray 2.60's autoscaler v2, the default for `ray up`, starts one of the local provider's two
+# workers and then waits forever; v1 starts both.
+AUTOSCALER_V1 = {"RAY_UP_enable_autoscaler_v2": "0"}
+RAY_CLI_TIMEOUT_S = 240.0
+LOG_TAIL_CHARS = 4000
+
+
+def cluster_config(hosts: list[Host], token: Path) -> dict[str, Any]:
+    """deploy/cluster-local.yaml with the head on ``hosts[0]`` and workers on the others."""
+    config = yaml.safe_load(CLUSTER_LOCAL.read_text())
+    head, *workers = hosts
+    config["provider"].update(head_ip=head.address, worker_ips=[w.address for w in workers])
+    config["auth"] = {"ssh_user": "root", "ssh_private_key": str(head.identity.key)}
+    mounts = config["file_mounts"]
+    if TOKEN_MOUNT not in mounts:
+        raise ValueError(f"{CLUSTER_LOCAL} copies no Ray token to {TOKEN_MOUNT}")
+    config["file_mounts"] = {path: src for path, src in mounts.items() if path not in SHARED_COPIES}
+    config["file_mounts"][TOKEN_MOUNT] = str(token)
+    venv = str(CHECKOUT / ".venv" / "bin")
+    setup = [c.replace(SETUP_VENV, venv) for c in config["setup_commands"] if "make" not in c]
+    config["setup_commands"] = setup
+    for role in ("head_start_ray_commands", "worker_start_ray_commands"):
+        config[role] = [c.replace("ray start", f"ray start {NODE_FLAGS}") for c in config[role]]
+    workers = config["worker_start_ray_commands"]
+    if not any(HEAD_WATCH_SLEEP[0] in command for command in workers):
+        raise ValueError(f"no `{HEAD_WATCH_SLEEP[0]}` in {CLUSTER_LOCAL}'s worker commands")
+    config["worker_start_ray_commands"] = [c.replace(*HEAD_WATCH_SLEEP) for c in workers]
+    return config
+
+
+def serve_config(
+    model: dict[str, Any], pools: dict[str, dict[str, Any]], env: dict[str, str]
+) -> dict[str, Any]:
+    """deploy/serve-cluster.yaml with ``model``'s keys set in its model, each pool as the file
+    has it but for ``pools[role]``, the planner off (it needs a Prometheus) and ``env`` in every
+    replica's environment."""
+    config = yaml.safe_load(SERVE_CLUSTER.read_text())
+    (app,) = config["applications"]
+    (served,) = app["args"]["models"]
+    served.update(model)
+    for role, overrides in pools.items():
+        served[role].update(overrides)
+    del app["args"]["planner"]
+    app["runtime_env"] = {"env_vars": env}
+    return config
+
+
+def ray_cli(log: Path, *args: str) -> str:
+    """`ray ARGS` on this machine, keeping the cluster's state and cached config in the log's
+    folder, not in this machine's /tmp; its output, which is also in ``log``."""
+    env = os.environ | AUTOSCALER_V1 | {"RAY_TMPDIR": str(log.parent), "TMPDIR": str(log.parent)}
+    done = subprocess.run(
+        [str(RAY), *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=RAY_CLI_TIMEOUT_S,
+    )  # fmt: skip
+    with open(log, "a") as out:
+        out.write(f"$ ray {' '.join(args)}\n{done.stdout}{done.stderr}\n")
+    if done.returncode:
+        tail = (done.stdout + done.stderr)[-LOG_TAIL_CHARS:]
+        raise RuntimeError(f"`ray {' '.join(args)}` exited {done.returncode}:\n{tail}")
+    return done.stdout

@@ -1,0 +1,230 @@
+"""`ray up deploy/cluster-local.yaml` onto the three test hosts, over SSH: the head on host1, the
+head's autoscaler starting workers on host2 (prefill only) and host3 (decode only); Serve deploys
+deploy/serve-cluster.yaml from the head; greedy tokens through the openai SDK, from this machine
+to the head's HTTP port, equal the offline engine's, every prompt prefilled on host2 and its KV
+pulled by host3 over NIXL, whose UCX reports the transport; `ray down` leaves no process.
+
+The tests run in order on one cluster: the last one takes it down.
+"""
+
+import itertools
+import json
+import secrets
+import shlex
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from pdserve.cluster.make_model import make_model
+from pdserve.cluster.serve import APP_NAME
+from pdserve.engine.llm import LLM
+from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts, token_ids
+from pdserve.tests.multihost.hosts import CHECKOUT, Host
+from pdserve.tests.multihost.ray_up import (
+    NODE_RESOURCES,
+    RAY,
+    cluster_config,
+    ray_cli,
+    serve_config,
+)
+
+# As test_hosts.py: one set of hosts per machine, and a cluster on them takes the cores.
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.slow,
+    pytest.mark.own_ray_cluster,
+    pytest.mark.skipif(shutil.which("rsync") is None, reason="no rsync: apt-get install rsync"),
+]
+
+HEAD_DRIVER = CHECKOUT / "tests" / "multihost" / "head_driver.py"
+MODEL = "tiny"
+NUM_KV_BLOCKS = 128
+LOCAL_MAX = 64  # local_prefill_max_tokens: every prompt below prefills remotely
+PROMPT_LENGTHS = [100, 257, 420]
+MAX_TOKENS = 6
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": 0}
+GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
+POOL_RESOURCES = {"prefill": "prefill_node", "decode": "decode_node"}
+POOL_HOSTS = {"prefill": 2, "decode": 3}  # the host whose node alone offers room for the pool
+# UCX prints each protocol it selects as a table: a title naming the agent and whether the peer is
+# on its node, the operation, then one row per message size ending in the transport/device. The
+# READs NIXL posts for the decode replica's pulls are `ucp_get`s.
+UCX_ENV = {"UCX_PROTO_INFO": "y"}
+UCX_READ = "remote memory read by ucp_get"
+UCX_TABLE_LINES = 20  # a READ table's rows follow its operation's line within these
+RAY_LOGS = "/tmp/ray/session_latest/logs"  # the host's own /tmp
+APP_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 120.0
+DOWN_TIMEOUT_S = 120.0
+POLL_S = 1.0
+
+
+@dataclass
+class Launched:
+    """A cluster `ray up` made from ``config`` (its commands' output in ``log``)."""
+
+    hosts: list[Host]
+    config: Path
+    log: Path
+    baseline: dict[int, set[int]]  # each host's processes before `ray up`: its init and sshd
+    down: bool = False
+    serve: dict[str, Any] = field(default_factory=dict)  # the Serve config deployed
+    app: dict[str, Any] = field(default_factory=dict)  # head_driver.py's `app` view once it ran
+
+    def exec(self, command: str) -> str:
+        """``command``'s output on the head (`ray exec`, in a login shell as an operator's)."""
+        return ray_cli(self.log, "exec", "--no-config-cache", str(self.config), command)
+
+    def view(self, *args: object, first: str = "true") -> Any:
+        """What head_driver.py prints for ``args``, run after the command ``first``."""
+        argv = shlex.join(["python", str(HEAD_DRIVER), *map(str, args)])
+        # /tmp: a driver's folder is on its workers' path (cluster/ray_driver.py)
+        out = self.exec(f"{first} && cd /tmp && {argv}")
+        return json.loads([line for line in out.splitlines() if line.startswith(("[", "{"))][-1])
+
+    def leftovers(self, host: Host) -> dict[int, str]:
+        """The host's processes other than its init and its sshd (and SSH sessions)."""
+        before = self.baseline[host.index]
+        return {p: n for p, n in host.processes().items() if p not in before and n != "sshd"}
+
+
+@pytest.fixture(scope="module")
+def launched(hosts: list[Host]) -> Iterator[Launched]:
+    state = hosts[0].dir.parent / "ray-up"
+    state.mkdir()
+    token = state / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    for pool, index in POOL_HOSTS.items():
+        resources = shlex.quote(json.dumps({POOL_RESOURCES[pool]: 1}))
+        hosts[index - 1].ssh(f"echo {resources} > {NODE_RESOURCES}")
+    config = state / "cluster.yaml"
+    config.write_text(yaml.safe_dump(cluster_config(hosts, token)))
+    baseline = {host.index: set(host.processes()) for host in hosts}
+    cluster = Launched(hosts, config, state / "ray.log", baseline)
+    try:
+        ray_cli(cluster.log, "up", "-y", "--no-config-cache", str(config))
+        yield cluster
+    finally:
+        if not cluster.down:  # a test failed before `ray down`'s
+            try:
+                ray_cli(cluster.log, "down", "-y", str(config))
+            finally:  # the next test on these hosts needs them bare
+                for host in hosts:
+                    host.ssh(f"{RAY} stop --force", check=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(hosts: list[Host]) -> Path:
+    return make_model("tiny", hosts[0].dir.parent / "models" / MODEL)  # a folder all hosts see
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return random_prompts(0, PROMPT_LENGTHS)
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+    return offline_greedy(LLM(str(model_dir), num_kv_blocks=NUM_KV_BLOCKS), prompts, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def deployed(launched: Launched, model_dir: Path) -> Launched:
+    model = {
+        "name": MODEL,
+        "path": str(model_dir),
+        "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
+        "routing": {"local_prefill_max_tokens": LOCAL_MAX},
+        "kv_transfer": {"backend": "nixl"},
+    }
+    one = {"replicas": 1, "min_replicas": 1, "max_replicas": 1}
+    launched.serve = serve_config(model, {"prefill": one, "decode": one}, UCX_ENV)
+    serve_file = launched.config.with_name("serve.yaml")
+    serve_file.write_text(yaml.safe_dump(launched.serve))
+    # At once: the app runs once the workers have joined, since only they offer its pools' room.
+    launched.app = launched.view("app", APP_NAME, APP_TIMEOUT_S, first=f"serve deploy {serve_file}")
+    assert launched.app["status"] == "RUNNING", launched.app
+    return launched
+
+
+def replica_hosts(hosts: list[Host], pool: str) -> list[str]:
+    """The hosts where a replica of ``pool`` runs (Ray names its process after the actor)."""
+    actor = f"ServeReplica:{APP_NAME}:{pool}-{MODEL}"
+    return [host.name for host in hosts if actor in host.ssh("ps -eo args").stdout]
+
+
+def ucx_read_tables(host: Host) -> list[tuple[str, list[str]]]:
+    """Each READ protocol table UCX printed on ``host``: its title and each row's transport."""
+    grep = f"grep -h -B1 -A{UCX_TABLE_LINES} '{UCX_READ}' {RAY_LOGS}/worker-*"
+    lines = [line.partition("|")[2] for line in host.ssh(grep, check=False).stdout.splitlines()]
+    tables = []
+    for at, line in enumerate(lines):
+        if UCX_READ in line:
+            # then: a border, the column names, a border, the rows, a border
+            rows = itertools.takewhile(lambda row: row.strip(), lines[at + 4 :])
+            transports = [row.split("|")[-2].strip() for row in rows]
+            tables.append((lines[at - 1].split("|")[0].strip(), transports))
+    return tables
+
+
+@pytest.mark.timeout(420)  # its setup brings the cluster up and deploys the app
+def test_ray_up_starts_the_head_and_its_autoscaler_the_workers(deployed: Launched) -> None:
+    offered = {
+        node["address"]: {r for r in POOL_RESOURCES.values() if r in node["resources"]}
+        for node in deployed.app["nodes"]
+    }
+    pools = {index: {POOL_RESOURCES[pool]} for pool, index in POOL_HOSTS.items()}
+    assert offered == {host.address: pools.get(host.index, set()) for host in deployed.hosts}
+
+
+@pytest.mark.timeout(120)
+def test_prefill_and_decode_replicas_run_on_different_hosts(deployed: Launched) -> None:
+    hosts = deployed.hosts
+    placed = {pool: replica_hosts(hosts, pool) for pool in POOL_RESOURCES}
+    assert placed == {pool: [hosts[index - 1].name] for pool, index in POOL_HOSTS.items()}
+
+
+@pytest.mark.timeout(180)
+def test_greedy_tokens_through_the_openai_sdk_equal_the_offline_engines(
+    deployed: Launched, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
+    port = deployed.serve["http_options"]["port"]
+    base_url = f"http://{deployed.hosts[0].address}:{port}/v1"  # the head, across the bridge
+    with openai.OpenAI(
+        base_url=base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
+    ) as sdk:
+        for prompt, want in zip(prompts, expected, strict=True):
+            response = sdk.completions.create(
+                model=MODEL, prompt=prompt, extra_body=GREEDY_EXTRA, **GREEDY
+            )
+            assert token_ids(response.choices[0].logprobs.tokens) == want, len(prompt)
+
+
+@pytest.mark.timeout(120)
+def test_kv_crossed_hosts_over_nixl_on_ucx_tcp(deployed: Launched) -> None:
+    kv = deployed.view("kv", MODEL)
+    assert kv["routes"].get("remote") == len(PROMPT_LENGTHS) and not kv["routes"].get("local")
+    (decode,) = kv["decode"]
+    assert decode["kv_num_transfers"] >= len(PROMPT_LENGTHS) and decode["kv_bytes_moved"] > 0
+    assert decode["kv_transfer_failures"] == decode["kv_num_failures"] == 0
+    tables = ucx_read_tables(deployed.hosts[POOL_HOSTS["decode"] - 1])
+    assert tables, "no READ protocol in UCX's report"
+    for title, transports in tables:  # the peer on another node, reached over TCP on eth0
+        assert " inter-node " in f" {title} " and transports == ["tcp/eth0"], tables
+
+
+@pytest.mark.timeout(240)
+def test_ray_down_leaves_no_process_on_any_host(launched: Launched) -> None:
+    launched.down = True
+    ray_cli(launched.log, "down", "-y", str(launched.config))
+    deadline = time.monotonic() + DOWN_TIMEOUT_S
+    while left := {h.name: rest for h in launched.hosts if (rest := launched.leftovers(h))}:
+        assert time.monotonic() < deadline, left
+        time.sleep(POLL_S)
