@@ -1,5 +1,6 @@
-"""The session's test hosts (tests/multihost/hosts.py), made on first use; the tests skip, naming
-the reason, where this machine cannot make them."""
+"""Each module's test hosts (tests/multihost/hosts.py); the tests skip, naming the reason, where
+this machine cannot make them. Per module: `make test` runs the modules on two workers at once,
+and the second waits for the hosts until the first module is done with them."""
 
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -11,7 +12,7 @@ from pdserve.tests.multihost.hosts import Host, HostsUnavailable, bring_up
 HOST_COUNT = 3  # a head and two workers, as deploy/cluster-local.yaml has
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hosts() -> Iterator[list[Host]]:
     """``host1`` to ``host3``, up. A test that kills one starts it again before it ends."""
     with ExitStack() as stack:
