@@ -21,6 +21,7 @@ from pdserve.router.api.api_keys import key_digest
 from pdserve.router.dispatch.kv_routing import KVAwareRouter
 from pdserve.router.ingress import APIIngress
 from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel, pool_deployment
+from pdserve.serving.logs import SERVE_LOGGING_CONFIG
 from pdserve.serving.ray_compat import RequestRouterConfig
 
 ROUTER_NUM_CPUS = 0.0
@@ -53,6 +54,7 @@ def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Applic
         max_ongoing_requests=pool.max_ongoing_requests,
         graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
+        logging_config=SERVE_LOGGING_CONFIG,
         ray_actor_options={"num_cpus": pool.num_cpus, "resources": dict(pool.resources)},
         **options,
     )
@@ -76,6 +78,7 @@ def build_app(args: dict[str, Any]) -> Application:
             Planner,
             name="planner",
             graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
+            logging_config=SERVE_LOGGING_CONFIG,
             ray_actor_options={"num_cpus": PLANNER_NUM_CPUS},
         ).bind(config.model_dump(exclude={"api_keys"}))
     router = serve.deployment(
@@ -83,6 +86,7 @@ def build_app(args: dict[str, Any]) -> Application:
         name="router",
         max_ongoing_requests=config.router_max_ongoing_requests,
         graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
+        logging_config=SERVE_LOGGING_CONFIG,
         ray_actor_options={"num_cpus": ROUTER_NUM_CPUS},
     )
     # The router gets the keys' digests only: the keys stay in this process

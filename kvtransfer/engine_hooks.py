@@ -47,4 +47,6 @@ class PeerPull:
         return self._transfer.poll()
 
     def release(self) -> None:
+        # A pull that never started (no blocks free here) has not connected to the owner yet.
+        self.connector.add_peer(self.owner)
         self.connector.release(self.export)

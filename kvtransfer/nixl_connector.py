@@ -98,10 +98,11 @@ class NixlConnector(KVConnector):
         return dataclasses.replace(super().export(block_ids), generations=generations)
 
     def _connect(self, info: PeerInfo) -> None:
-        self._agent.add_remote_agent(info.agent_metadata)
-        self._remote[info.name] = self._agent.prep_xfer_dlist(
-            info.name, self._descriptors(info, info.generations_address), info.mem_type
-        )
+        with nixl_shim.explained(f"connecting to {info.name}"):
+            self._agent.add_remote_agent(info.agent_metadata)
+            self._remote[info.name] = self._agent.prep_xfer_dlist(
+                info.name, self._descriptors(info, info.generations_address), info.mem_type
+            )
 
     def _start_pull(
         self, export: KVExport, skip: int, block_ids: list[int], timeout: float
@@ -144,7 +145,8 @@ class NixlConnector(KVConnector):
         return transfer
 
     def release(self, export: KVExport) -> None:
-        self._agent.send_notif(export.owner, f"{_RELEASE}:{export.lease_id}".encode())
+        with nixl_shim.explained(f"release of {export.owner}'s blocks"):
+            self._agent.send_notif(export.owner, f"{_RELEASE}:{export.lease_id}".encode())
 
     def _handle_notifications(self) -> None:
         for messages in self._agent.get_new_notifs().values():

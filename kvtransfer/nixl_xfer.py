@@ -15,6 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
+from pdserve.kvtransfer import nixl_shim
 from pdserve.kvtransfer.handles import KVTransferError
 
 logger = logging.getLogger(__name__)
@@ -72,18 +73,21 @@ class ChunkedXfer:
 
     def _post(self, local_ids: list[int], remote_ids: list[int]) -> None:
         notification = b"" if self._chunks else self._notification
-        handle = self._agent.make_prepped_xfer(
-            "READ", self._local, local_ids, self._remote, remote_ids, notification
-        )
-        self._in_flight.append(handle)
-        if self._agent.transfer(handle) == "ERR":
-            raise KVTransferError(f"{self._what}: NIXL refused to post a chunk")
+        with nixl_shim.explained(self._what):
+            handle = self._agent.make_prepped_xfer(
+                "READ", self._local, local_ids, self._remote, remote_ids, notification
+            )
+            self._in_flight.append(handle)
+            state = self._agent.transfer(handle)
+        if state == "ERR":
+            raise KVTransferError(f"{self._what}: {nixl_shim.TRANSFER_FAILED}")
 
     def _reap(self) -> None:
         for handle in list(self._in_flight):
-            state = self._agent.check_xfer_state(handle)
+            with nixl_shim.explained(self._what):
+                state = self._agent.check_xfer_state(handle)
             if state == "ERR":
-                raise KVTransferError(f"{self._what}: NIXL reported a transfer error")
+                raise KVTransferError(f"{self._what}: {nixl_shim.TRANSFER_FAILED}")
             if state == "DONE":
                 handle.release()
                 self._in_flight.remove(handle)

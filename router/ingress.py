@@ -20,6 +20,7 @@ from pdserve.router.dispatch.serve_client import ServeEngineClient
 from pdserve.router.metrics import RouterMetrics
 from pdserve.router.timing import TimingLog
 from pdserve.serving.config import ServedModel
+from pdserve.serving.logs import log_replica_lines
 
 
 @serve.ingress()
@@ -35,6 +36,7 @@ class APIIngress(GenerationServicer):
         """``prefill`` lacks the models served without a prefill pool (aggregated); ``planner``
         is the SLA planner's deployment, when it runs (its place in the app's graph);
         ``api_key_digests`` are the SHA-256 digests of the API keys (none: open)."""
+        log_replica_lines()
         self._planner = planner
         served_models = [ServedModel.model_validate(model) for model in models]
         self._metrics = RouterMetrics() if any(m.metrics for m in served_models) else None

@@ -19,6 +19,7 @@ from pdserve.kvtransfer.engine_hooks import ConnectorHooks
 from pdserve.kvtransfer.factory import make_connector
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.serving.config import ServedModel
+from pdserve.serving.logs import log_replica_lines
 from pdserve.serving.stats_log import StatsLog
 from pdserve.serving.worker_metrics import METRICS_PERIOD_S, WorkerMetrics
 
@@ -95,6 +96,7 @@ class EngineReplica:
     pool: str  # "prefill" or "decode", the metrics' label
 
     def __init__(self, served: dict) -> None:
+        log_replica_lines()
         self.served = ServedModel.model_validate(served)
         cores = getattr(self.served, self.pool).cpus
         if cores:

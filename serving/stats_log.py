@@ -7,8 +7,11 @@ A line every ``interval_s`` while the replica has work (or had some in the last 
 idle cluster's logs stay quiet.
 """
 
+import logging
+
 from pdserve.engine.stats import EngineStats, IterationStats
-from pdserve.serving.logs import replica_logger
+
+logger = logging.getLogger(__name__)
 
 
 class StatsLog:
@@ -51,4 +54,4 @@ class StatsLog:
     def maybe_log(self, stats: EngineStats, now: float) -> None:
         text = self.line(stats, now)
         if text is not None:
-            replica_logger().info(text)
+            logger.info(text)

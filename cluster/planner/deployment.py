@@ -8,6 +8,7 @@ requests and finishes its streams within Serve's graceful-shutdown timeout), log
 decision and export the figures it decided from. A model whose data is missing holds its counts.
 """
 
+import logging
 import threading
 import time
 
@@ -18,11 +19,14 @@ from pdserve.cluster.planner.planner_metrics import PlannerMetrics
 from pdserve.cluster.planner.prometheus_source import PrometheusSource
 from pdserve.cluster.planner.serve_scaler import ServeScaler
 from pdserve.serving.config import ClusterConfig
-from pdserve.serving.logs import replica_logger
+from pdserve.serving.logs import log_replica_lines
+
+logger = logging.getLogger(__name__)
 
 
 class Planner:
     def __init__(self, config: dict) -> None:
+        log_replica_lines()
         cluster = ClusterConfig.model_validate(config)
         self.interval_s = cluster.planner.interval_s
         self.planner = ClusterPlanner(
@@ -30,7 +34,7 @@ class Planner:
             PrometheusSource(cluster.planner.prometheus),
             ServeScaler(serve.get_replica_context().app_name),
             PlannerMetrics(),
-            replica_logger(),
+            logger,
         )
         threading.Thread(target=self._loop, name="pdserve-planner", daemon=True).start()
 
@@ -44,4 +48,4 @@ class Planner:
             try:
                 self.planner.plan()
             except Exception:  # a controller hiccup, Prometheus lost mid-read: next interval
-                replica_logger().exception("planner: this interval's decision failed")
+                logger.exception("planner: this interval's decision failed")
