@@ -29,7 +29,7 @@ WHEELS ?= /opt/wheels
 FIND_LINKS = $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(FIND_LINKS)
 
-.PHONY: setup lock test test-fast test-newest test-deps lint serve demo model clean
+.PHONY: setup lock test test-fast test-newest test-real-model test-deps lint serve demo model clean
 
 # A fresh environment, exactly the lock: a changed lock is a new environment, not an upgrade of
 # the old one, so nothing the lock dropped stays behind.
@@ -85,12 +85,20 @@ test-deps:
 test: export OMP_WAIT_POLICY = PASSIVE
 test: lint test-deps
 	@rest_log=$$(mktemp); \
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray" --durations=12 tests > $$rest_log 2>&1 & \
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not real_model" --durations=12 tests \
+		> $$rest_log 2>&1 & \
 	rest=$$!; \
-	RAY_worker_niceness=0 $(PY) -m pytest -q -m ray --durations=12 tests; ray_status=$$?; \
+	RAY_worker_niceness=0 $(PY) -m pytest -q -m "ray and not real_model" --durations=12 tests; \
+	ray_status=$$?; \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
 	[ $$ray_status = 0 ] && [ $$rest_status = 0 ]
+
+# The real model's served checks (marker real_model): SmolLM2's parity prompts through a
+# disaggregated `pdserve serve`, minutes on two cores; run before resolving a real-model change.
+test-real-model: export OMP_WAIT_POLICY = PASSIVE
+test-real-model: setup
+	RAY_worker_niceness=0 $(PY) -m pytest -q -m real_model tests
 
 # Unit tests without the slow ones: no Ray, for constant use.
 test-fast: setup

@@ -1,28 +1,20 @@
 """``pdserve serve`` as a user starts it: the default model (SmolLM2-135M-Instruct, or where its
 wheel is missing the built-in tiny model), a streamed chat completion, its Prometheus (where the
 package is installed), Ctrl-C, and no Ray or Prometheus process left behind. Free ports stand in
-for the default ones, which another program may hold. On SmolLM2, the served greedy tokens of the
-parity prompts (``tests/smollm2_prompts.py``) equal the offline engine's, which the unit tests
-hold equal to transformers': the default cluster is disaggregated, so the long prompts cross to
-the decode replica over NIXL."""
+for the default ones, which another program may hold."""
 
-import re
 import shutil
 import socket
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 import pytest
 
-from pdserve import LLM
 from pdserve.cluster.serve import free_port
 from pdserve.cluster.served_model import smollm2_gguf
-from pdserve.tests.e2e.serve_replicas import offline_greedy, token_ids
 from pdserve.tests.serve_process import EXIT_TIMEOUT_S, pdserve_serve
-from pdserve.tests.smollm2_prompts import MAX_NEW_TOKENS, parity_prompts
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_ray_cluster]
 
@@ -30,12 +22,6 @@ RAY_DAEMONS = ("raylet", "gcs_server")
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 64  # SmolLM2 answers it in one sentence and stops
 IGNORE_EOS = {"ignore_eos": True}  # the tiny model's random text runs to its length
-GREEDY_IDS = {"ignore_eos": True, "return_tokens_as_token_ids": True}
-# The decode replica's KV transfers, summed over its series (Ray exports them within seconds).
-KV_TRANSFERS = re.compile(
-    r'^ray_pdserve_kv_transfers_total\{[^}]*pool="decode"[^}]*\} (\S+)$', re.M
-)
-METRICS_WAIT_S = 30.0
 
 
 def _ray_daemon_pids() -> set[int]:
@@ -62,11 +48,8 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
     if prometheus_port is not None:
         flags += ["--prometheus", "--prometheus-port", str(prometheus_port)]
     real = smollm2_gguf() is not None
-    # The offline reference runs while the cluster starts (mostly waits on Ray and model loads).
-    offline = ThreadPoolExecutor(1)
-    expected = offline.submit(_offline_parity_tokens) if real else None
     # In tmp_path: without the wheel, the built-in model is made in ./models/tiny.
-    with offline, pdserve_serve(flags, tmp_path) as log:
+    with pdserve_serve(flags, tmp_path) as log:
         printed = log.read_text().splitlines()
         assert real or (tmp_path / "models" / "tiny" / "config.json").is_file()
         if prometheus_port is not None:
@@ -90,7 +73,6 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
         if real:  # the README's answer, ended by the model's own end of turn
             assert "Paris" in text and "<|im_end|>" not in text, text
             assert chunks[-1].choices[0].finish_reason == "stop"
-            _assert_served_tokens(base_url, expected.result())
         else:
             assert text and chunks[-1].choices[0].finish_reason == "length"
     deadline = time.monotonic() + EXIT_TIMEOUT_S
@@ -98,39 +80,6 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
         time.sleep(0.5)
     assert not left, f"Ray daemons left running: {left}"
     assert prometheus_port is None or not _listening(prometheus_port), "Prometheus still runs"
-
-
-def _offline_parity_tokens() -> tuple[list[list[int]], list[list[int]]]:
-    """The parity prompts and the offline engine's greedy tokens for them (fp32, as served)."""
-    llm = LLM(model=smollm2_gguf())
-    prompts = parity_prompts(llm.get_tokenizer())
-    return prompts, offline_greedy(llm, prompts, MAX_NEW_TOKENS)
-
-
-def _assert_served_tokens(base_url: str, expected: tuple[list[list[int]], list[list[int]]]) -> None:
-    prompts, want = expected
-    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
-
-        def served(prompt: list[int]) -> list[int]:
-            completion = client.completions.create(
-                model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=MAX_NEW_TOKENS,
-                temperature=0, logprobs=0, extra_body=GREEDY_IDS,
-            )  # fmt: skip
-            return token_ids(completion.choices[0].logprobs.tokens)
-
-        with ThreadPoolExecutor(len(prompts)) as pool:  # batched at the decode replica
-            got = list(pool.map(served, prompts))
-    for prompt, mine, theirs in zip(prompts, got, want, strict=True):
-        assert mine == theirs, f"prompt of {len(prompt)} tokens diverged"
-    deadline = time.monotonic() + METRICS_WAIT_S
-    while not _kv_transfers(base_url):
-        assert time.monotonic() < deadline, "no KV transfer counted: no prompt prefilled remotely"
-        time.sleep(1.0)
-
-
-def _kv_transfers(base_url: str) -> float:
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as page:
-        return sum(float(n) for n in KV_TRANSFERS.findall(page.read().decode()))
 
 
 def test_serve_takes_vllm_s_command_line(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """Each module's test hosts (tests/multihost/hosts.py); the tests skip, naming the reason, where
-this machine cannot make them. Per module: `make test` runs the modules on two workers at once,
-and the second waits for the hosts until the first module is done with them."""
+this machine cannot make them. Per module: should two runs'
+modules meet (two pytest workers), the second waits for the hosts until the first is done."""
 
 from collections.abc import Iterator
 from contextlib import ExitStack

@@ -18,9 +18,10 @@ from pdserve.tests.multihost.hosts import (
     Host,
 )
 
-# In `make test`'s run without Ray on this machine: the hosts' network, files and processes are
-# their own, so their clusters never meet the session's.
-pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+# In `make test`'s Ray half, before the session's cluster starts: the hosts' clusters never meet
+# the session's (own network, /tmp, processes), but beside the Ray tests they take the cores those
+# count on (a head's `ray start` timed out so on two cores).
+pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.own_ray_cluster]
 
 OUTSIDE = "1.1.1.1"  # any address off the bridge
 OUTSIDE_TIMEOUT_S = 10

@@ -35,10 +35,11 @@ from pdserve.tests.multihost.ray_up import (
     serve_config,
 )
 
-# As test_hosts.py: the hosts' clusters never meet the session's, so no `ray` marker.
+# As test_hosts.py: in the Ray half, before the session's cluster.
 pytestmark = [
     pytest.mark.multihost,
     pytest.mark.slow,
+    pytest.mark.own_ray_cluster,
     pytest.mark.skipif(shutil.which("rsync") is None, reason="no rsync: apt-get install rsync"),
 ]
 
