@@ -73,7 +73,8 @@ class _Replica:
     clock_offset: float = math.inf
     # Calls in flight there, by request id: (when sent, prompt tokens).
     sent: dict[str, tuple[float, int]] = field(default_factory=dict)
-    # The blocks of each call in flight there, by request id: (when sent, block hashes).
+    # Each call in flight there, by request id: (when sent, its block hashes). The one record of
+    # where a call went, so a replica that goes takes its calls along.
     calls: dict[str, tuple[float, tuple[BlockHash, ...]]] = field(default_factory=dict)
     recent: dict[BlockHash, float] = field(default_factory=dict)  # block -> when sent, or ended
 
@@ -117,7 +118,6 @@ class PoolPlacement:
         self._load_weight = load_weight
         self._now = clock
         self._replicas: dict[str, _Replica] = {}
-        self._sent_to: dict[str, str] = {}  # request id -> the replica its call went to
         # Serve's router thread updates the replicas while the ingress's places requests.
         self._lock = threading.RLock()
 
@@ -163,7 +163,6 @@ class PoolPlacement:
             replica.sent[request.request_id] = (now, len(request.prompt_token_ids))
             replica.calls[request.request_id] = (now, request.block_hashes)
             replica.touch(request.block_hashes, now)
-            self._sent_to[request.request_id] = replica_id
 
     def ended(self, request_id: str) -> None:
         """The call for ``request_id`` has ended (returned, failed or was cancelled). The caller
@@ -174,8 +173,8 @@ class PoolPlacement:
 
     def _end(self, request_id: str, stored: bool) -> None:
         """``stored``: the call ran there, so its blocks are there now; else it went elsewhere."""
-        replica = self._replicas.get(self._sent_to.pop(request_id, ""))
-        if replica is None:
+        replica = next((r for r in self._replicas.values() if request_id in r.calls), None)
+        if replica is None:  # never sent, or its replica is gone
             return
         replica.sent.pop(request_id, None)
         _, block_hashes = replica.calls.pop(request_id, (0.0, ()))
