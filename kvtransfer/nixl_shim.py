@@ -22,7 +22,6 @@ __all__ = [
     "TRANSFER_FAILED",
     "explained",
     "make_agent",
-    "meaning",
     "nixl_agent",
     "nixl_agent_config",
     "nixl_available",
@@ -93,7 +92,7 @@ def make_agent(name: str, progress_delay_us: int) -> Any:
             bindings.nixlAgentConfig = original
 
 
-def meaning(error: Exception) -> str:
+def _meaning(error: Exception) -> str:
     """pdserve's one line on an exception a NIXL call raised: what it means, then NIXL's words."""
     kind = type(error).__name__
     return f"{MEANINGS.get(kind, 'NIXL failed')} ({kind}: {error})"
@@ -108,4 +107,4 @@ def explained(what: str) -> Iterator[None]:
     except KVTransferError:
         raise
     except Exception as error:  # the binding's own classes, all plain Exceptions
-        raise KVTransferError(f"{what}: {meaning(error)}") from None
+        raise KVTransferError(f"{what}: {_meaning(error)}") from None
