@@ -1,6 +1,5 @@
-"""Each module's test hosts (tests/multihost/hosts.py); the tests skip, naming the reason, where
-this machine cannot make them. Per module: should two runs'
-modules meet (two pytest workers), the second waits for the hosts until the first is done."""
+"""The session's test hosts (tests/multihost/hosts.py), made on first use; the tests skip, naming
+the reason, where this machine cannot make them."""
 
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -12,7 +11,7 @@ from pdserve.tests.multihost.hosts import Host, HostsUnavailable, bring_up
 HOST_COUNT = 3  # a head and two workers, as deploy/cluster-local.yaml has
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hosts() -> Iterator[list[Host]]:
     """``host1`` to ``host3``, up. A test that kills one starts it again before it ends."""
     with ExitStack() as stack:

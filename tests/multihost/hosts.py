@@ -48,8 +48,6 @@ FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 TOOLS = ("ip", "unshare", "nsenter", "setpriv", "ssh", "ssh-keygen")
 # One set of hosts on a machine at a time: their names and addresses are fixed.
 LOCK = Path("/run/pdserve-test-hosts.lock")
-LOCK_WAIT_S = 600.0  # another module's tests on them (make test runs two at once)
-LOCK_POLL_S = 0.5
 # Not /tmp, which every host replaces with its own: the keys and configs must be seen from hosts.
 STATE_PARENT = Path("/var/tmp")
 STATE_PREFIX = "pdserve-hosts-"
@@ -228,15 +226,10 @@ def bring_up(count: int, clock_offsets_s: Mapping[int, int] | None = None) -> It
     ``clock_offsets_s[N]`` seconds); everything is torn down on exit, whatever happened."""
     check_prerequisites()
     with open(LOCK, "w") as lock:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise HostsUnavailable(f"another run held the test hosts ({LOCK})") from None
-                time.sleep(LOCK_POLL_S)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise HostsUnavailable(f"another run holds the test hosts ({LOCK})") from None
         _remove_leftovers()  # of a run that died before its teardown
         state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir=STATE_PARENT))
         key = state / "client_key"

@@ -12,7 +12,6 @@ import pytest
 from pdserve.tests.multihost.hosts import (
     DEAD_END_GATEWAY,
     FAKETIME_LIB,
-    LOCK_WAIT_S,
     PREFIX_LEN,
     SSH_PORT,
     Host,
@@ -35,7 +34,7 @@ def ssh_from(host: Host, to: Host, command: str) -> str:
     return host.ssh(shlex.join(host.identity.argv(to.address, command))).stdout
 
 
-@pytest.mark.timeout(LOCK_WAIT_S + 120)  # the module's first: its set-up may wait for the hosts
+@pytest.mark.timeout(120)
 def test_each_host_is_a_machine_of_its_own(hosts: list[Host]) -> None:
     for host in hosts:
         name, address, *commands = host.ssh(LOOKING).stdout.split()

@@ -26,7 +26,7 @@ from pdserve.cluster.make_model import make_model
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts, token_ids
-from pdserve.tests.multihost.hosts import CHECKOUT, LOCK_WAIT_S, Host
+from pdserve.tests.multihost.hosts import CHECKOUT, Host
 from pdserve.tests.multihost.ray_up import (
     NODE_RESOURCES,
     RAY,
@@ -174,7 +174,7 @@ def ucx_read_tables(host: Host) -> list[tuple[str, list[str]]]:
     return tables
 
 
-@pytest.mark.timeout(LOCK_WAIT_S + 420)  # its set-up waits for the hosts, brings the cluster up
+@pytest.mark.timeout(420)  # its setup brings the cluster up and deploys the app
 def test_ray_up_starts_the_head_and_its_autoscaler_the_workers(deployed: Launched) -> None:
     offered = {
         node["address"]: {r for r in POOL_RESOURCES.values() if r in node["resources"]}
