@@ -27,6 +27,8 @@ OUTSIDE_TIMEOUT_S = 10
 LOOKING = "hostname; ip -4 -o addr show scope global | awk '{print $4}'; ps -e -o comm="
 CLOCK_OFFSET_S = 3600
 CLOCK_TOLERANCE_S = 30  # an SSH round trip on a busy machine
+STARTED_WAIT_S = 10
+POLL_S = 0.05
 
 
 def ssh_from(host: Host, to: Host, command: str) -> str:
@@ -55,7 +57,11 @@ def test_each_host_is_a_machine_of_its_own(hosts: list[Host]) -> None:
 def test_a_killed_host_leaves_no_process(hosts: list[Host]) -> None:
     victim, bystanders = hosts[1], [hosts[0], hosts[2]]
     victim.ssh("setsid sleep 600 </dev/null >/dev/null 2>&1 &")
-    assert "sleep" in victim.processes().values()
+    # The ssh session ends as soon as setsid forks; its child execs sleep a moment later.
+    deadline = time.monotonic() + STARTED_WAIT_S
+    while "sleep" not in victim.processes().values():
+        assert time.monotonic() < deadline, victim.processes()
+        time.sleep(POLL_S)
     victim.kill()
     try:
         assert victim.processes() == {}
