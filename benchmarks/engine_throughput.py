@@ -7,8 +7,8 @@ waste; continuous batching admits and retires requests per step instead. The wor
 over a matmul throughput measured in the same run (in the run's dtype) give a compute bound, and
 the scheduler is timed alone (no model) with 256 running requests. Where the native CPU kernels
 are built, ours runs once more with the PyTorch kernels in their place. ``--dtype bfloat16`` runs
-both sides in bf16. The workload is in ``workload.py``, the scheduler timing in
-``scheduler_step.py``.
+both sides in bf16. ``--model`` is an HF folder or a GGUF file (transformers loads the same
+file). The workload is in ``workload.py``, the scheduler timing in ``scheduler_step.py``.
 """
 
 import argparse
@@ -29,6 +29,7 @@ from pdserve.benchmarks.workload import (
     useful_tokens,
     workload_flops,
 )
+from pdserve.engine.checkpoint_format import gguf_file
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kernels import native
@@ -123,7 +124,9 @@ def matmul_flops_per_second(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=Path("models/tiny"))
+    parser.add_argument(
+        "--model", type=Path, default=Path("models/tiny"), help="an HF folder or a GGUF file"
+    )
     parser.add_argument("--preset", default="tiny", help="made into --model when it is missing")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--hf-batch-size", type=int, default=HF_BATCH_SIZE)
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     torch.set_num_threads(args.threads)
-    if not (args.model / "config.json").exists():
+    if not args.model.exists():
         from pdserve.cluster.make_model import make_model
 
         make_model(args.preset, args.model)
@@ -158,8 +161,12 @@ def run(args: argparse.Namespace) -> int:
     shape = QUICK if args.quick else FULL
     workload = make_workload(model_config.vocab_size, shape, args.seed)
     warmup = make_workload(model_config.vocab_size, QUICK, args.seed + 1)[:WARMUP_REQUESTS]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    gguf = gguf_file(args.model)
+    folder, file = (gguf.parent, gguf.name) if gguf is not None else (args.model, None)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=file, dtype=dtype
+    ).eval()
+    tokenizer = llm.get_tokenizer()
     pad_id = tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
 
     run_ours(llm, warmup)  # first-call costs (allocator, MKL buffers) out of both timings

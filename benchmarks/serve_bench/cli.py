@@ -56,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", help="the served model (default: the server's first)")
     parser.add_argument(
-        "--tokenizer", type=Path, help="its directory (default: --model's, if local)"
+        "--tokenizer",
+        type=Path,
+        help="its checkpoint: a folder or a GGUF file (default: --model's, if local)",
     )
     parser.add_argument("--dataset", choices=DATASETS, default="random")
     parser.add_argument(
@@ -120,9 +122,9 @@ def plan_runs(args: argparse.Namespace) -> list[RunPlan]:
 
 
 def _tokenizer(args: argparse.Namespace, model: str) -> Tokenizer:
-    path = args.tokenizer or (Path(model) if Path(model).is_dir() else None)
+    path = args.tokenizer or (Path(model) if Path(model).exists() else None)
     if path is None:
-        raise ValueError(f"the model {model!r} is no local directory: give --tokenizer DIR")
+        raise ValueError(f"the model {model!r} is no local checkpoint: give --tokenizer PATH")
     return Tokenizer.from_pretrained(path)
 
 

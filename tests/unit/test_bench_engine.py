@@ -13,6 +13,7 @@ from pdserve.benchmarks.scheduler_step import scheduler_step_seconds
 from pdserve.cluster import cli
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
+from pdserve.tests.gguf_models import write_gguf
 
 HF_BATCH_SIZE = 8  # two static batches of the 16 quick requests
 
@@ -103,3 +104,16 @@ def test_a_quick_run_in_bf16_names_its_dtype_and_ratio(
     assert f"model {tiny_model_dir} (bfloat16), 1 threads" in printed
     assert "bfloat16 mm" in printed and "| ours / transformers |" in printed
     assert "--dtype bfloat16" in printed  # the command that reproduces it
+
+
+@pytest.mark.slow
+def test_a_quick_run_on_a_gguf_file_loads_it_on_both_sides(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("accelerate", reason="transformers loads a GGUF only with accelerate")
+    gguf = tmp_path / "tiny-F32.gguf"
+    write_gguf(gguf, tiny_model_dir)
+    argv = ["bench", "engine", "--quick", "--model", str(gguf), "--threads", "1"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"model {gguf} (float32), 1 threads" in printed and "| ours / transformers |" in printed
