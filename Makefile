@@ -97,8 +97,9 @@ test: lint test-deps
 	[ $$ray_status = 0 ] && [ $$rest_status = 0 ]
 
 # The real model's long checks (marker real_model): SmolLM2's parity prompts through a
-# disaggregated `pdserve serve`, and transformers run anew against its recorded tokens (make test
-# holds pdserve to the record), minutes on two cores; run before resolving a real-model change.
+# disaggregated `pdserve serve`, its streams through a decode replica's kill, and transformers run
+# anew against its recorded tokens (make test holds pdserve to the record), minutes on two cores;
+# run before resolving a real-model change.
 test-real-model: export OMP_WAIT_POLICY = PASSIVE
 test-real-model: setup
 	RAY_worker_niceness=0 $(PY) -m pytest -q -m real_model tests
