@@ -16,6 +16,13 @@ def onednn_packing_helps(dtype: torch.dtype, device: torch.device) -> bool:
     )
 
 
+def native_bf16_products(device: torch.device) -> bool:
+    """Whether bf16 products run on the hardware's own bf16 instructions: on a CPU, oneDNN's with
+    AVX512-BF16 or AMX. Without them torch runs them in reference kernels, many times slower than
+    fp32 (docs/benchmarks.md, "The real model")."""
+    return device.type != "cpu" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 class Linear(nn.Module):
     """``y = x W^T + b`` like ``nn.Linear``, with W kept in an [in, out] contiguous buffer.
 

@@ -11,6 +11,7 @@ from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.errors import ContextLengthError, RequestError
 from pdserve.engine.kv_cache import allocate_kv_cache, num_kv_blocks
 from pdserve.engine.kv_events import KVEventLog
+from pdserve.engine.linear import native_bf16_products
 from pdserve.engine.loader import load_model
 from pdserve.engine.output_processor import OutputProcessor
 from pdserve.engine.outputs import PositionLogprobs, RequestOutput
@@ -61,6 +62,12 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._held_kv: dict[str, list[int]] = {}  # finished hold_kv requests' blocks
         self._iteration_stats = IterationStats() if collect_stats else None
+        if config.torch_dtype == torch.bfloat16 and not native_bf16_products(self.device):
+            logger.warning(
+                "bfloat16 on a CPU without bf16 instructions (AVX512-BF16 or AMX): its products "
+                "run in torch's reference kernels, many times slower than float32 "
+                "(--dtype float32 serves faster here)"
+            )
         logger.info(
             "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d",
             config.model,

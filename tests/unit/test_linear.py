@@ -1,13 +1,16 @@
-"""Linear: oneDNN's packed product equals MKL's plain one; the loader packs where it helps."""
+"""Linear: oneDNN's packed product equals MKL's plain one; the loader packs where it helps; bf16
+without the CPU's bf16 instructions is a warning at load."""
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from pdserve.engine.config import ModelConfig
-from pdserve.engine.linear import Linear, onednn_packing_helps
+from pdserve.engine.config import EngineConfig, ModelConfig
+from pdserve.engine.linear import Linear, native_bf16_products, onednn_packing_helps
+from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.loader import load_model
 
 # Products of 256 terms in another summation order: a few ulps of outputs of magnitude ~16.
@@ -60,3 +63,21 @@ def test_loader_packs_on_more_than_one_thread_only(
     # The tiny preset ties its head: the embedding keeps the table, every other weight is freed.
     assert packed.lm_head.weight is packed.model.embed_tokens.weight
     assert all(m.weight is None for m in linears if m is not packed.lm_head)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_bf16_instructions_is_a_warning(
+    native: bool,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The answer this CPU would give is the one under test: both are made here.
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    assert native_bf16_products(torch.device("cpu")) is native
+    assert native_bf16_products(torch.device("cuda"))
+    with caplog.at_level(logging.WARNING, logger="pdserve.engine.llm_engine"):
+        LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="bfloat16", num_kv_blocks=16))
+        LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=16))
+    warned = [r for r in caplog.records if "without bf16 instructions" in r.getMessage()]
+    assert len(warned) == (0 if native else 1)
