@@ -116,6 +116,12 @@ def running_by_replica(deployment: str) -> dict[str, int]:
     return {replica: s["num_running"] + s["num_waiting"] for replica, s in stats.items()}
 
 
+def wait_for_replicas(deployment: str, count: int) -> None:
+    """Until ``count`` replicas answer this process's handle, which learns of a new replica a
+    moment after Serve."""
+    wait(lambda: len(running_by_replica(deployment)) == count, f"{count} of {deployment}")
+
+
 def kill_busiest(deployment: str) -> int:
     """SIGKILLs the replica with the most requests; returns how many it had."""
     running = running_by_replica(deployment)

@@ -40,9 +40,9 @@ from pdserve.tests.e2e.streams import (
     http_stream,
     kill_busiest,
     replica_pids,
-    running_by_replica,
     through_a_decode_kill,
     wait,
+    wait_for_replicas,
 )
 
 pytestmark = pytest.mark.slow
@@ -84,13 +84,8 @@ def _http_stream(port: int, prompt: list[int]) -> Stream:
     return http_stream(port, MODEL, prompt, MAX_TOKENS)
 
 
-def _wait_for_two_decode_replicas() -> None:
-    # Both answer this process's handle, which learns of a new replica a moment after Serve.
-    wait(lambda: len(running_by_replica(DECODE)) == POOLS[DECODE], "two decode replicas")
-
-
 def test_streams_of_a_killed_decode_replica_finish_elsewhere_with_the_same_tokens(cluster, offline):
-    _wait_for_two_decode_replicas()
+    wait_for_replicas(DECODE, POOLS[DECODE])
     prompts = _prompts(seed=0)
     expected = _greedy(offline, prompts)
     streams, moved, migrated = through_a_decode_kill(
@@ -102,7 +97,7 @@ def test_streams_of_a_killed_decode_replica_finish_elsewhere_with_the_same_token
 
 
 def test_a_stream_lost_beyond_the_migration_limit_ends_with_the_in_band_error(cluster):
-    _wait_for_two_decode_replicas()
+    wait_for_replicas(DECODE, POOLS[DECODE])
     stream = _http_stream(cluster.http_port, _prompts(seed=1)[0])
     before = migrations(MODEL)
     stream.start()
@@ -162,7 +157,7 @@ def test_a_prefill_replica_killed_inside_its_call_leaves_the_prompt_to_the_decod
 def test_bench_chaos_ends_every_stream_and_frees_every_block_after_a_decode_kill(
     cluster, ray_cluster, tiny_model_dir: Path, tmp_path: Path
 ):
-    _wait_for_two_decode_replicas()
+    wait_for_replicas(DECODE, POOLS[DECODE])
     wait(lambda: len(replica_pids(PREFILL)) == POOLS[PREFILL], "the prefill replica")
     out = tmp_path / "chaos.json"
     argv = ["--url", f"http://127.0.0.1:{cluster.http_port}", "--address", ray_cluster.address]
@@ -195,6 +190,6 @@ def test_bench_chaos_ends_every_stream_and_frees_every_block_after_a_decode_kill
 
 
 def test_every_block_is_free_after_the_kills(cluster):
-    _wait_for_two_decode_replicas()
+    wait_for_replicas(DECODE, POOLS[DECODE])
     wait(lambda: len(replica_pids(PREFILL)) == POOLS[PREFILL], "the prefill replica")
     wait_all_free(POOLS)

@@ -12,7 +12,7 @@ import pytest
 
 from pdserve import LLM
 from pdserve.tests.e2e.serve_replicas import offline_greedy
-from pdserve.tests.e2e.streams import running_by_replica, through_a_decode_kill, wait
+from pdserve.tests.e2e.streams import through_a_decode_kill, wait_for_replicas
 from pdserve.tests.gguf_models import smollm2_or_skip
 from pdserve.tests.smollm2_prompts import RAW_LENGTHS, parity_prompts
 
@@ -47,10 +47,7 @@ def test_streams_of_a_killed_decode_replica_end_with_the_offline_tokens(cluster)
     prompts = parity_prompts(llm.get_tokenizer())[len(RAW_LENGTHS) - 2 :]
     expected = offline_greedy(llm, prompts, MAX_TOKENS)
     del llm
-    wait(
-        lambda: len(running_by_replica(f"decode-{MODEL}")) == DECODE_REPLICAS,
-        "both decode replicas",
-    )
+    wait_for_replicas(f"decode-{MODEL}", DECODE_REPLICAS)
     streams, moved, migrated = through_a_decode_kill(
         cluster, MODEL, prompts, MAX_TOKENS, TOKENS_BEFORE_KILL
     )
