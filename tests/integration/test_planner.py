@@ -2,15 +2,19 @@
 a rising load grows both pools, the end of it shrinks them back, and every stream meanwhile
 completes with the offline engine's tokens.
 
-The model is profiled for real (``pdserve profile``, a small grid). The targets are met at one
-request a second and missed at six (512-token prompts, 64 tokens out, on two cores), where the
-profile says either pool needs a second replica; each pool may have 1 to 3.
+The model is profiled for real (``pdserve profile``, a small grid), and the profile sets the load
+and the targets, so that a fast CPU is loaded as much as a slow one: the calm phase fills a tenth of
+one prefill replica's time, the loaded phase 85% of it (512-token prompts, 64 tokens out), where
+the targets (TTFT 1.5 prompts' prefill, ITL twice a lone request's step) want a second replica of
+either pool; each pool may have 1 to 3.
 """
 
 import re
 import shutil
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import openai
@@ -20,6 +24,7 @@ import yaml
 from ray import serve
 
 from pdserve.cluster import cli
+from pdserve.cluster.planner.profile import Profile
 from pdserve.cluster.serve import APP_NAME, free_port
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
@@ -37,9 +42,11 @@ pytestmark = [
 MODEL = "planner-tiny"  # a name of its own: the cluster may export other modules' series
 INTERVAL_S = 5.0
 PROMPT_LEN, MAX_TOKENS = 512, 64
-TTFT_MS, ITL_MS = 150, 15
-RAMP = [(1.0, 10.0), (6.0, 15.0)]  # (requests/s, seconds): two intervals calm, three loaded
-LOADED_RATE = 2.0  # an interval with more requests/s than this is in the ramp's second phase
+# (share of one prefill replica's time, seconds): two intervals calm, three loaded.
+RAMP = [(0.1, 10.0), (0.85, 15.0)]
+# One replica at 85% queues a prompt for 2.8 prefills' time (M/D/1) and decodes ~54 requests per
+# prompt's prefill time: both targets missed, on any CPU; two replicas meet the TTFT target.
+TTFT_PREFILLS, ITL_STEPS = 1.5, 2.0
 SHRINK_TIMEOUT_S = 150.0
 DECISIONS_AFTER_RAMP = 4  # intervals to wait, after the ramp, for the decisions it is judged by
 WATCH_S = 0.5
@@ -54,8 +61,32 @@ def profile(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return path
 
 
+@dataclass(frozen=True)
+class Load:
+    """The ramp and the targets, in this machine's time (from its profile)."""
+
+    ramp: list[tuple[float, float]]  # (requests/s, seconds)
+    loaded_rate: float  # an interval that saw more requests/s than this was loaded
+    ttft_ms: float
+    itl_ms: float
+
+
 @pytest.fixture(scope="module")
-def cluster(ray_cluster, tiny_model_dir: Path, profile: Path, tmp_path_factory):
+def load(profile: Path) -> Load:
+    measured = Profile.load(profile)
+    prefill_s = measured.prefill_seconds(PROMPT_LEN)
+    step_s = measured.decode_step_seconds(1, PROMPT_LEN + MAX_TOKENS / 2)
+    ramp = [(share / prefill_s, seconds) for share, seconds in RAMP]
+    return Load(
+        ramp=ramp,
+        loaded_rate=(ramp[0][0] + ramp[1][0]) / 2,
+        ttft_ms=TTFT_PREFILLS * prefill_s * 1e3,
+        itl_ms=ITL_STEPS * step_s * 1e3,
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster, tiny_model_dir: Path, profile: Path, load: Load, tmp_path_factory):
     """``pdserve serve --config`` with the planner on, as an operator runs it on a cluster that is
     up (the session's); the planner reads the Prometheus that ``pdserve serve`` starts."""
     pool = {"replicas": 1, "min_replicas": 1, "max_replicas": 3}
@@ -66,7 +97,7 @@ def cluster(ray_cluster, tiny_model_dir: Path, profile: Path, tmp_path_factory):
         "prefill": pool,
         "decode": pool,
         "routing": {"local_prefill_max_tokens": 64},
-        "sla": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
+        "sla": {"ttft_ms": load.ttft_ms, "itl_ms": load.itl_ms},
     }
     planner = {"enabled": True, "interval_s": INTERVAL_S, "profile": str(profile)}
     config = ray_cluster.config([model], planner=planner)
@@ -87,42 +118,51 @@ def _replicas(states: tuple[str, ...] = ("RUNNING",)) -> dict[str, int]:
     }
 
 
-def _missed(line: str) -> bool:
+@pytest.fixture
+def peak(cluster) -> Iterator[dict[str, int]]:
+    """The most replicas each pool had at once, all through the test: running, or started by
+    Serve on the planner's word (on two busy cores a replica may take longer to load than the
+    load lasts)."""
+    most, done = {"prefill": 0, "decode": 0}, threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for pool, count in _replicas(("STARTING", "RUNNING")).items():
+                most[pool] = max(most[pool], count)
+            time.sleep(WATCH_S)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    yield most
+    done.set()
+    watcher.join()
+
+
+def _missed(line: str, load: Load) -> bool:
     """Whether a decision's line saw the model, under the ramp's full load, miss a target."""
     seen = re.search(r"seen ([\d.]+) req/s, TTFT (-|[\d.]+)(?: ms)?, ITL (-|[\d.]+)", line)
     rate, ttft, itl = seen.groups()
-    if float(rate) <= LOADED_RATE:
+    if float(rate) <= load.loaded_rate:
         return False
-    return (ttft != "-" and float(ttft) > TTFT_MS) or (itl != "-" and float(itl) > ITL_MS)
+    return (ttft != "-" and float(ttft) > load.ttft_ms) or (itl != "-" and float(itl) > load.itl_ms)
 
 
 def _history() -> list[str]:
     return serve.get_app_handle(APP_NAME).planner_history.remote().result()
 
 
-def test_a_rising_load_grows_both_pools_and_its_end_shrinks_them(cluster, tiny_model_dir):
+def test_a_rising_load_grows_both_pools_and_its_end_shrinks_them(
+    cluster, tiny_model_dir: Path, load: Load, peak: dict[str, int]
+) -> None:
     # Every prompt new, so no prefix cache makes the load lighter than it looks.
     generator = torch.Generator().manual_seed(7)
-    num_prompts = int(sum(rate * seconds for rate, seconds in RAMP)) + len(RAMP)
+    num_prompts = int(sum(rate * seconds for rate, seconds in load.ramp)) + len(load.ramp)
     prompts = [
         torch.randint(0, 4096, (PROMPT_LEN,), generator=generator).tolist()
         for _ in range(num_prompts)
     ]
     base_url = f"http://127.0.0.1:{cluster.http_port}/v1"
-    results, errors, peak = [], [], {"prefill": 0, "decode": 0}
-    watching = threading.Event()
-
-    def watch() -> None:
-        # The most replicas each pool had at once, all through the test: running, or started
-        # by Serve on the planner's word (on two busy cores a replica may take longer to load
-        # than the load lasts).
-        while not watching.is_set():
-            for pool, count in _replicas(("STARTING", "RUNNING")).items():
-                peak[pool] = max(peak[pool], count)
-            time.sleep(WATCH_S)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    results, errors = [], []
     lock = threading.Lock()
 
     def one(i: int) -> None:
@@ -144,7 +184,7 @@ def test_a_rising_load_grows_both_pools_and_its_end_shrinks_them(cluster, tiny_m
                 errors.append(repr(error))
 
     threads, sent = [], 0
-    for rate, seconds in RAMP:
+    for rate, seconds in load.ramp:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             thread = threading.Thread(target=one, args=(sent,))
@@ -161,7 +201,7 @@ def test_a_rising_load_grows_both_pools_and_its_end_shrinks_them(cluster, tiny_m
     deadline = time.monotonic() + DECISIONS_AFTER_RAMP * INTERVAL_S
     while True:
         history = _history()
-        missed = next((i for i, line in enumerate(history) if _missed(line)), None)
+        missed = next((i for i, line in enumerate(history) if _missed(line, load)), None)
         if (missed is not None and len(history) > missed + 2) or time.monotonic() > deadline:
             break
         time.sleep(WATCH_S)
@@ -178,6 +218,4 @@ def test_a_rising_load_grows_both_pools_and_its_end_shrinks_them(cluster, tiny_m
     while (now := _replicas()) != {"prefill": 1, "decode": 1}:
         assert time.monotonic() < deadline, (now, _history()[-6:])
         time.sleep(1.0)
-    watching.set()
-    watcher.join()
     assert peak["prefill"] >= 2 and peak["decode"] >= 2, (peak, _history())
