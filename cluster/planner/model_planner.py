@@ -14,8 +14,10 @@ from pdserve.cluster.planner.profile import Profile
 from pdserve.cluster.planner.sizing import (
     Load,
     Targets,
-    correction,
+    bounded,
+    decode_at_capacity,
     predicted_ttft,
+    ratio,
     replicas_needed,
 )
 
@@ -30,6 +32,8 @@ class Observation:
     ttft_s: float | None  # mean time to first token
     itl_s: float | None  # mean inter-token latency
     decode_batch: float | None  # mean requests running on a decode replica
+    decode_kv_usage: float | None = None  # the fullest decode replica's KV usage (0..1), mean
+    decode_waiting: float | None = None  # requests waiting on the decode replicas, mean
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class ModelPlanner:
         self.isl = HoltPredictor(beta=0.0)
         self.osl = HoltPredictor(beta=0.0)
         self.corrections = (1.0, 1.0)  # prefill, decode: the last ones observed
+        self.ratios: tuple[float | None, float | None] = (None, None)  # before their bounds
 
     def step(self, seen: Observation, current: tuple[int, int]) -> Decision:
         """The replica counts (prefill, decode) to have next, given those there are now."""
@@ -76,13 +81,20 @@ class ModelPlanner:
         prefill, why_prefill = (
             (0, "none") if self.prefill is None else self.prefill.next(current[0], need.prefill)
         )
-        decode, why_decode = self.decode.next(current[1], need.decode)
+        full = decode_at_capacity(seen.decode_kv_usage, seen.decode_waiting)
+        wanted = need.decode if full is None else max(need.decode, current[1] + 1)
+        decode, why_decode = self.decode.next(current[1], wanted)
+        if full is not None:
+            why_decode += f"; at capacity: {full}"
+        prefill_c, decode_c = (
+            _with_cap(c, r) for c, r in zip(self.corrections, self.ratios, strict=True)
+        )
         reason = (
             f"{self.name}: seen {seen.rate:.2f} req/s, TTFT {_ms(seen.ttft_s)}, ITL "
             f"{_ms(seen.itl_s)}; forecast {load.rate:.2f} req/s, ISL {load.isl:.0f}, OSL "
-            f"{load.osl:.0f}; corrections prefill {self.corrections[0]:.2f}, decode "
-            f"{self.corrections[1]:.2f}; prefill {current[0]} -> {prefill} ({why_prefill}); "
-            f"decode {current[1]} -> {decode} ({why_decode})"
+            f"{load.osl:.0f}; corrections prefill {prefill_c}, decode {decode_c}; prefill "
+            f"{current[0]} -> {prefill} ({why_prefill}); decode {current[1]} -> {decode} "
+            f"({why_decode})"
         )
         return Decision(prefill, decode, reason)
 
@@ -92,16 +104,28 @@ class ModelPlanner:
             return
         load = Load(seen.rate, seen.isl, seen.osl)
         prefilling = current[0] if self.prefill is not None else current[1]
-        c_p = correction(seen.ttft_s, predicted_ttft(self.profile, load, prefilling))
-        c_d = None
+        r_p = ratio(seen.ttft_s, predicted_ttft(self.profile, load, prefilling))
+        r_d = None
         if seen.decode_batch is not None:
             context = seen.isl + seen.osl / 2
             step = self.profile.decode_step_seconds(max(seen.decode_batch, 1.0), context)
-            c_d = correction(seen.itl_s, step)
-        self.corrections = (
-            self.corrections[0] if c_p is None else c_p,
-            self.corrections[1] if c_d is None else c_d,
+            r_d = ratio(seen.itl_s, step)
+        # An interval without its figure keeps the correction (and the ratio) it had.
+        self.ratios = (
+            self.ratios[0] if r_p is None else r_p,
+            self.ratios[1] if r_d is None else r_d,
         )
+        self.corrections = (
+            self.corrections[0] if r_p is None else bounded(r_p),
+            self.corrections[1] if r_d is None else bounded(r_d),
+        )
+
+
+def _with_cap(value: float, raw: float | None) -> str:
+    """A correction as the log shows it, with the ratio it was capped from, if it was."""
+    if raw is None or bounded(raw) == raw:
+        return f"{value:.2f}"
+    return f"{value:.2f} (capped from {raw:.2f})"
 
 
 def _ms(seconds: float | None) -> str:

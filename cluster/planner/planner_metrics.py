@@ -47,7 +47,7 @@ class PlannerMetrics:
         tags = {"model_name": model}
         for pool, count in running.items():
             self._held.set(self.running, count, {**tags, "pool": pool})
-        for figure in ("rate", "isl", "osl", "ttft_s", "itl_s", "decode_batch"):
+        for figure in Observation.__dataclass_fields__:
             value = getattr(seen, figure)
             if value is not None:
                 self._held.set(self.observed, value, {**tags, "figure": figure})

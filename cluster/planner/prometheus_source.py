@@ -9,7 +9,9 @@ Per model, over a window of ``window_s`` seconds:
   summed over both pools, where each token counts once: ``serving/metrics.py``);
 - TTFT, ITL: the histograms' means (Ray builds their ``_sum`` from bucket midpoints: close enough
   to correct a profile, not to report);
-- decode batch: the requests running on a decode replica, averaged over the window.
+- decode batch: the requests running on a decode replica, averaged over the window;
+- decode room: the fullest decode replica's KV usage and the requests waiting on the decode
+  replicas, averaged over the window (``sizing.decode_at_capacity``).
 
 Before those, ``ages`` says whether there is anything to read (``data_health.py``): how old the
 newest sample is of series each model exports whatever its load.
@@ -49,6 +51,12 @@ class PrometheusSource:
         def increase(metric: str, where: str = "") -> str:
             return f"sum by (model_name) (increase(ray_pdserve_{metric}{where}[{w}]))"
 
+        def decode_mean(metric: str, across: str) -> str:
+            return (
+                f"{across} by (model_name) (avg_over_time("
+                f'ray_pdserve_{metric}{{pool="decode"}}[{w}]))'
+            )
+
         arrivals = self.query(increase("route_decisions_total"))
         requests = self.query(increase("time_to_first_token_seconds_count"))
         prompt = self.query(increase("prompt_tokens_total"))
@@ -61,10 +69,9 @@ class PrometheusSource:
             f"{increase('inter_token_latency_seconds_sum')} / "
             f"{increase('inter_token_latency_seconds_count')}"
         )
-        batch = self.query(
-            "avg by (model_name) (avg_over_time("
-            f'ray_pdserve_num_requests_running{{pool="decode"}}[{w}]))'
-        )
+        batch = self.query(decode_mean("num_requests_running", "avg"))
+        kv_usage = self.query(decode_mean("kv_cache_usage_perc", "max"))
+        waiting = self.query(decode_mean("num_requests_waiting", "sum"))
         seen = {}
         for model in models:
             n = requests.get(model, 0.0)
@@ -75,5 +82,7 @@ class PrometheusSource:
                 ttft_s=ttft.get(model),
                 itl_s=itl.get(model),
                 decode_batch=batch.get(model),
+                decode_kv_usage=kv_usage.get(model),
+                decode_waiting=waiting.get(model),
             )
         return seen

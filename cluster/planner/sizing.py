@@ -19,6 +19,10 @@ An aggregated model's decode replicas prefill too: they get both counts added.
 ``c_p`` and ``c_d`` are the correction factors (Dynamo's): the observed TTFT and ITL over what
 this model predicts for the observed load, so a profile measured on another machine, or a load
 the model describes badly, is corrected by what the cluster shows.
+
+**At capacity**: a profile times steps; it does not see room. A decode pool whose fullest replica's
+KV cache is nearly full, or with requests waiting for a place in a batch, takes no more work
+whatever its step times predict, so it gets a replica more than it has.
 """
 
 import math
@@ -29,6 +33,7 @@ from pdserve.cluster.planner.profile import Profile
 
 MAX_UTILISATION = 0.95  # beyond it the queueing formula explodes; no pool is planned fuller
 MIN_CORRECTION, MAX_CORRECTION = 0.25, 4.0  # one odd interval must not swing the plan far
+KV_FULL = 0.95  # a decode replica's KV-cache usage from which it admits little more
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,24 @@ def replicas_needed(
     return Need(prefill, decode)
 
 
-def correction(observed: float | None, predicted: float) -> float | None:
-    """observed / predicted within [MIN_CORRECTION, MAX_CORRECTION]; None without an observation."""
+def ratio(observed: float | None, predicted: float) -> float | None:
+    """observed / predicted; None without an observation or a finite prediction."""
     if observed is None or not math.isfinite(predicted) or predicted <= 0:
         return None
-    return min(MAX_CORRECTION, max(MIN_CORRECTION, observed / predicted))
+    return observed / predicted
+
+
+def bounded(value: float) -> float:
+    """A correction held within [MIN_CORRECTION, MAX_CORRECTION]."""
+    return min(MAX_CORRECTION, max(MIN_CORRECTION, value))
+
+
+def decode_at_capacity(kv_usage: float | None, waiting: float | None) -> str | None:
+    """Why the decode pool takes no more work (its fullest replica's KV usage, the requests
+    waiting on its replicas), or None while it has room."""
+    reasons = []
+    if kv_usage is not None and kv_usage >= KV_FULL:
+        reasons.append(f"KV {kv_usage:.0%}")
+    if waiting is not None and waiting >= 1:
+        reasons.append(f"{waiting:.0f} waiting")
+    return ", ".join(reasons) or None

@@ -13,9 +13,10 @@ from pdserve.cluster.planner.profile import DecodePoint, PrefillPoint, Profile
 from pdserve.cluster.planner.sizing import (
     Load,
     Targets,
-    correction,
+    bounded,
     decode_batch,
     predicted_ttft,
+    ratio,
     replicas_needed,
 )
 
@@ -90,9 +91,9 @@ def test_corrections_scale_the_profile(profile: Profile) -> None:
     # Decode steps twice as long: the batch that meets 50 ms is 18 (2 * 24.25 ms = 48.5 ms).
     assert decode_batch(profile, 125, TARGETS.itl_s, 2.0) == 18
     assert slow.decode == math.ceil(100 * 50 * 2 * _step(18, 125) / 18)
-    assert correction(0.3, 0.15) == 2.0
-    assert correction(10.0, 0.1) == 4.0  # bounded
-    assert correction(None, 0.1) is None and correction(0.2, math.inf) is None
+    assert ratio(0.3, 0.15) == 2.0 and bounded(2.0) == 2.0
+    assert ratio(10.0, 0.1) == 100.0 and bounded(100.0) == 4.0 and bounded(0.01) == 0.25
+    assert ratio(None, 0.1) is None and ratio(0.2, math.inf) is None
 
 
 def test_policy_bounds_steps_and_does_not_flap() -> None:
@@ -143,3 +144,28 @@ def test_the_planner_learns_its_corrections(profile: Profile) -> None:
     assert planner.corrections == pytest.approx((2.0, 2.0))
     planner.step(Observation(0.0, None, None, None, None, None), (2, 1))  # idle: kept
     assert planner.corrections == pytest.approx((2.0, 2.0))
+
+
+def test_a_decode_pool_at_capacity_grows_whatever_the_profile_predicts(profile: Profile) -> None:
+    # The overload a user saw (issue 26): ITL 932 ms against a 50 ms target while the decode
+    # replica's KV was full and requests waited. The profile, corrected by at most 4x, still
+    # predicts one replica enough: a 6-request batch meets 50 ms, and 1 req/s of 50 tokens keeps
+    # 41% of one such replica busy.
+    overloaded = dict(rate=1.0, isl=100, osl=50, ttft_s=0.15, itl_s=0.932, decode_batch=4.0)
+    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 3), PoolPolicy(1, 2))
+    blind = planner.step(Observation(**overloaded), (1, 1))
+    assert blind.decode == 1 and "decode 1 -> 1 (hold: 1 wanted)" in blind.reason
+    # The correction is capped, and the line says from what: 0.932 s over a 10.25 ms step.
+    assert "decode 4.00 (capped from 90.93)" in blind.reason, blind.reason
+
+    full = Observation(**overloaded, decode_kv_usage=1.0, decode_waiting=12.0)
+    grown = planner.step(full, (1, 1))
+    assert grown.decode == 2, grown.reason
+    assert "decode 1 -> 2 (up: 2 wanted; at capacity: KV 100%, 12 waiting)" in grown.reason
+    # At its bound the pool holds, and the line still says why it would grow.
+    held = planner.step(full, (1, 2))
+    assert held.decode == 2
+    assert "hold: 2 wanted (bounded from 3); at capacity: KV 100%" in held.reason, held.reason
+    # Room again (KV under 95%, nothing waiting): the profile decides once more.
+    roomy = Observation(**overloaded, decode_kv_usage=0.94, decode_waiting=0.5)
+    assert "at capacity" not in planner.step(roomy, (1, 1)).reason
