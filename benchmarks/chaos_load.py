@@ -58,7 +58,8 @@ async def send(
         async with contextlib.aclosing(client.events(COMPLETIONS, body)) as events:
             async for event in events:
                 tokens += sum(chunk_tokens(choice) for choice in event.get("choices") or [])
-                if abandon_after is not None and tokens >= abandon_after:
+                # A chunk may carry several tokens: one that brings the last is not left early.
+                if abandon_after is not None and abandon_after <= tokens < request.output_len:
                     return Outcome("abandoned", tokens, request.output_len, None)
     except OpenAIError as error:
         ending = "refused" if error.status in REFUSAL_STATUSES else "failed"

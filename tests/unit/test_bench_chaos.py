@@ -2,13 +2,17 @@
 end), where clients abandon streams, and the report: streams' endings, a row per replica seen
 (a killed one and its successor apart), and what fails the run."""
 
+import asyncio
 import random
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from pdserve.benchmarks.chaos_kills import Kill, kill_plan, parse_roles
-from pdserve.benchmarks.chaos_load import Outcome, abandon_point
+from pdserve.benchmarks.chaos_load import Outcome, abandon_point, send
 from pdserve.benchmarks.chaos_report import print_report, problems, replica_rows, summarize
+from pdserve.benchmarks.serve_bench.datasets import BenchRequest
 
 MIB = 2**20
 DECODE, PREFILL = "decode-m", "prefill-m"
@@ -21,6 +25,26 @@ def _stats(replica: str, free: int, total: int = 64, rss_mib: int = 100) -> dict
         "num_blocks": total,
         "rss_bytes": rss_mib * MIB,
     }
+
+
+class _Chunks:
+    """A server's stream as the client reads it: chunks of these many tokens each."""
+
+    def __init__(self, *sizes: int) -> None:
+        self.sizes = sizes
+
+    async def events(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        for size in self.sizes:
+            yield {"choices": [{"logprobs": {"tokens": ["t"] * size}}]}
+
+
+def test_a_chunk_that_brings_the_last_token_ends_the_stream_whole() -> None:
+    request = BenchRequest("a prompt", 3, 24)
+    # Under load the engine sends tokens in fewer chunks: 20, then the last 4 at once.
+    whole = asyncio.run(send(_Chunks(20, 4), "m", request, abandon_after=22))
+    assert whole == Outcome("completed", 24, 24, None)
+    left = asyncio.run(send(_Chunks(20, 4), "m", request, abandon_after=19))
+    assert left == Outcome("abandoned", 20, 24, None)
 
 
 def test_kills_take_the_roles_in_turn_strictly_before_the_end() -> None:
