@@ -17,6 +17,11 @@ report's stamp onto this router's clock (below).
 Ties go to a random one of the best: in order, the first replica would take every new prefix and
 thrash its cache while the others' went unused.
 
+A replica that leaves the pool (Serve no longer routes to it: dead, or stopping) leaves its calls
+in flight orphaned: ``orphaned`` says so of each until it ends, so that migration can give up on
+a stream whose replica died silently (a host lost: no connection closes) instead of waiting for
+the transport to notice.
+
 A replica whose event log has a gap (it sent more reports than one holds while this router heard
 none) has no index until its next snapshot (what this router sent it still counts); one from which
 this router has heard no new report for ``STALE_S`` counts as caching nothing until it reports
@@ -118,6 +123,7 @@ class PoolPlacement:
         self._load_weight = load_weight
         self._now = clock
         self._replicas: dict[str, _Replica] = {}
+        self._orphans: set[str] = set()  # requests in flight at a replica that left the pool
         # Serve's router thread updates the replicas while the ingress's places requests.
         self._lock = threading.RLock()
 
@@ -129,7 +135,7 @@ class PoolPlacement:
         """The pool's replicas now, each with its latest routing stats (None: none yet)."""
         with self._lock:
             for gone in self._replicas.keys() - reports.keys():
-                del self._replicas[gone]
+                self._orphans |= self._replicas.pop(gone).calls.keys()
             for replica_id, stats in reports.items():
                 replica = self._replicas.setdefault(replica_id, _Replica())
                 if stats:
@@ -171,8 +177,14 @@ class PoolPlacement:
         with self._lock:
             self._end(request_id, stored=True)
 
+    def orphaned(self, request_id: str) -> bool:
+        """Whether ``request_id``'s call is in flight at a replica that has left the pool."""
+        with self._lock:
+            return request_id in self._orphans
+
     def _end(self, request_id: str, stored: bool) -> None:
         """``stored``: the call ran there, so its blocks are there now; else it went elsewhere."""
+        self._orphans.discard(request_id)
         replica = next((r for r in self._replicas.values() if request_id in r.calls), None)
         if replica is None:  # never sent, or its replica is gone
             return

@@ -90,8 +90,12 @@ class ServeEngineClient:
             self._place(moved, migrated=True)
             return self._run(moved, "local")
 
+        def lost() -> bool:  # its decode replica left the pool while the call was in flight
+            decode = placement_for(self.model_name, "decode")
+            return decode is not None and decode.orphaned(request_id)
+
         chunks = migrating(
-            request_id, self._run(request, decision), resume, self.served.migration_limit
+            request_id, self._run(request, decision), resume, self.served.migration_limit, lost
         )
         if self._metrics is None:
             return chunks

@@ -39,7 +39,9 @@ class Stream(threading.Thread):
             self.error = f"{type(error).__name__}: {error}"
 
 
-def http_stream(port: int, model: str, prompt: list[int], max_tokens: int) -> Stream:
+def http_stream(
+    port: int, model: str, prompt: list[int], max_tokens: int, host: str = "127.0.0.1"
+) -> Stream:
     """A greedy streamed completion of exactly ``max_tokens`` tokens, read as token ids."""
     body = {
         "model": model,
@@ -54,7 +56,7 @@ def http_stream(port: int, model: str, prompt: list[int], max_tokens: int) -> St
 
     def read(stream: Stream) -> None:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions",
+            f"http://{host}:{port}/v1/completions",
             json.dumps(body).encode(),
             {"content-type": "application/json"},
         )

@@ -8,12 +8,14 @@ import pytest
 
 from pdserve.tests.multihost.hosts import Host, HostsUnavailable, bring_up
 
-HOST_COUNT = 3  # a head and two workers, as deploy/cluster-local.yaml has
+# A head and three workers: deploy/cluster-local.yaml's two (a prefill host, a decode host) and a
+# second decode host, whose loss the first decode host's replica takes over.
+HOST_COUNT = 4
 
 
 @pytest.fixture(scope="session")
 def hosts() -> Iterator[list[Host]]:
-    """``host1`` to ``host3``, up. A test that kills one starts it again before it ends."""
+    """``host1`` to ``host4``, up. A test that kills one starts it again before it ends."""
     with ExitStack() as stack:
         try:
             up = stack.enter_context(bring_up(HOST_COUNT))

@@ -29,6 +29,13 @@ NODE_FLAGS = f"--object-store-memory={OBJECT_STORE_BYTES} --disable-usage-stats"
 # The workers' watch for a lost head (cluster-local.yaml) looks every 10 s; here every 2 s, so that
 # `ray down`'s test waits less for their Ray to stop.
 HEAD_WATCH_SLEEP = ("sleep 10;", "sleep 2;")
+# The head's GCS declares a silent node dead after 3 missed health checks a second apart (Ray's
+# defaults: 5, 3 s apart, each waiting 10 s: a minute), so a test that kills a host waits
+# seconds for its actors to be reported dead. Ray reads each setting from RAY_<name>.
+FAST_NODE_DEATH = (
+    "RAY_health_check_period_ms=1000 RAY_health_check_timeout_ms=1000 "
+    "RAY_health_check_failure_threshold=3"
+)
 # Ray 2.60's autoscaler v2, the default for `ray up`, starts one of the local provider's two
 # workers and then waits forever; v1 starts both.
 AUTOSCALER_V1 = {"RAY_UP_enable_autoscaler_v2": "0"}
@@ -37,10 +44,11 @@ LOG_TAIL_CHARS = 4000
 
 
 def cluster_config(hosts: list[Host], token: Path) -> dict[str, Any]:
-    """deploy/cluster-local.yaml with the head on ``hosts[0]`` and workers on the others."""
+    """deploy/cluster-local.yaml with the head on ``hosts[0]`` and workers on all the others."""
     config = yaml.safe_load(CLUSTER_LOCAL.read_text())
     head, *workers = hosts
     config["provider"].update(head_ip=head.address, worker_ips=[w.address for w in workers])
+    config["min_workers"] = config["max_workers"] = len(workers)
     config["auth"] = {"ssh_user": "root", "ssh_private_key": str(head.identity.key)}
     mounts = config["file_mounts"]
     if TOKEN_MOUNT not in mounts:
@@ -52,6 +60,10 @@ def cluster_config(hosts: list[Host], token: Path) -> dict[str, Any]:
     config["setup_commands"] = setup
     for role in ("head_start_ray_commands", "worker_start_ray_commands"):
         config[role] = [c.replace("ray start", f"ray start {NODE_FLAGS}") for c in config[role]]
+    head_start = config["head_start_ray_commands"]
+    config["head_start_ray_commands"] = [
+        c.replace("ray start", f"{FAST_NODE_DEATH} ray start") for c in head_start
+    ]
     workers = config["worker_start_ray_commands"]
     if not any(HEAD_WATCH_SLEEP[0] in command for command in workers):
         raise ValueError(f"no `{HEAD_WATCH_SLEEP[0]}` in {CLUSTER_LOCAL}'s worker commands")

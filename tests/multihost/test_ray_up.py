@@ -1,8 +1,10 @@
-"""`ray up deploy/cluster-local.yaml` onto the three test hosts, over SSH: the head on host1, the
-head's autoscaler starting workers on host2 (prefill only) and host3 (decode only); Serve deploys
-deploy/serve-cluster.yaml from the head; greedy tokens through the openai SDK, from this machine
-to the head's HTTP port, equal the offline engine's, every prompt prefilled on host2 and its KV
-pulled by host3 over NIXL, whose UCX reports the transport; `ray down` leaves no process.
+"""`ray up deploy/cluster-local.yaml` onto the four test hosts, over SSH: the head on host1, the
+head's autoscaler starting workers on host2 (prefill only), host3 and host4 (decode only); Serve
+deploys deploy/serve-cluster.yaml from the head; greedy tokens through the openai SDK, from this
+machine to the head's HTTP port, equal the offline engine's, every prompt prefilled on host2 and
+its KV pulled by a decode host over NIXL, whose UCX reports the transport; host4 lost mid-stream
+(its link cut, every process killed) loses no stream, and once it is back the autoscaler and Serve
+put its replica there again; `ray down` leaves no process.
 
 The tests run in order on one cluster: the last one takes it down.
 """
@@ -26,6 +28,7 @@ from pdserve.cluster.make_model import make_model
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts, token_ids
+from pdserve.tests.e2e.streams import WAIT_S, http_stream, wait
 from pdserve.tests.multihost.hosts import CHECKOUT, Host
 from pdserve.tests.multihost.ray_up import (
     NODE_RESOURCES,
@@ -45,14 +48,18 @@ pytestmark = [
 
 HEAD_DRIVER = CHECKOUT / "tests" / "multihost" / "head_driver.py"
 MODEL = "tiny"
-NUM_KV_BLOCKS = 128
+NUM_KV_BLOCKS = 512
 LOCAL_MAX = 64  # local_prefill_max_tokens: every prompt below prefills remotely
 PROMPT_LENGTHS = [100, 257, 420]
 MAX_TOKENS = 6
+# The streams a decode host's loss cuts: long enough to be mid-stream when it goes.
+LOSS_PROMPT_LENGTHS = [70, 90, 110, 130, 150, 170]
+LOSS_MAX_TOKENS = 500
+KILL_AFTER = 8  # tokens every stream has when the host goes
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": 0}
 GREEDY_EXTRA = {"ignore_eos": True, "return_tokens_as_token_ids": True}
 POOL_RESOURCES = {"prefill": "prefill_node", "decode": "decode_node"}
-POOL_HOSTS = {"prefill": 2, "decode": 3}  # the host whose node alone offers room for the pool
+POOL_HOSTS = {"prefill": (2,), "decode": (3, 4)}  # the hosts whose nodes alone offer its room
 # UCX prints each protocol it selects as a table: a title naming the agent and whether the peer is
 # on its node, the operation, then one row per message size ending in the transport/device. The
 # READs NIXL posts for the decode replica's pulls are `ucp_get`s.
@@ -63,6 +70,7 @@ RAY_LOGS = "/tmp/ray/session_latest/logs"  # the host's own /tmp
 APP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 120.0
 DOWN_TIMEOUT_S = 120.0
+REPLACE_TIMEOUT_S = 150.0  # the autoscaler's heartbeat timeout (30 s), `ray start`, a replica
 POLL_S = 1.0
 
 
@@ -101,9 +109,10 @@ def launched(hosts: list[Host]) -> Iterator[Launched]:
     state.mkdir()
     token = state / "auth_token"
     token.write_text(secrets.token_hex(32))
-    for pool, index in POOL_HOSTS.items():
+    for pool, indices in POOL_HOSTS.items():
         resources = shlex.quote(json.dumps({POOL_RESOURCES[pool]: 1}))
-        hosts[index - 1].ssh(f"echo {resources} > {NODE_RESOURCES}")
+        for index in indices:
+            hosts[index - 1].ssh(f"echo {resources} > {NODE_RESOURCES}")
     config = state / "cluster.yaml"
     config.write_text(yaml.safe_dump(cluster_config(hosts, token)))
     baseline = {host.index: set(host.processes()) for host in hosts}
@@ -144,8 +153,11 @@ def deployed(launched: Launched, model_dir: Path) -> Launched:
         "routing": {"local_prefill_max_tokens": LOCAL_MAX},
         "kv_transfer": {"backend": "nixl"},
     }
-    one = {"replicas": 1, "min_replicas": 1, "max_replicas": 1}
-    launched.serve = serve_config(model, {"prefill": one, "decode": one}, UCX_ENV)
+    pools = {
+        pool: dict.fromkeys(("replicas", "min_replicas", "max_replicas"), len(indices))
+        for pool, indices in POOL_HOSTS.items()
+    }
+    launched.serve = serve_config(model, pools, UCX_ENV)
     serve_file = launched.config.with_name("serve.yaml")
     serve_file.write_text(yaml.safe_dump(launched.serve))
     # At once: the app runs once the workers have joined, since only they offer its pools' room.
@@ -180,7 +192,7 @@ def test_ray_up_starts_the_head_and_its_autoscaler_the_workers(deployed: Launche
         node["address"]: {r for r in POOL_RESOURCES.values() if r in node["resources"]}
         for node in deployed.app["nodes"]
     }
-    pools = {index: {POOL_RESOURCES[pool]} for pool, index in POOL_HOSTS.items()}
+    pools = {i: {POOL_RESOURCES[pool]} for pool, indices in POOL_HOSTS.items() for i in indices}
     assert offered == {host.address: pools.get(host.index, set()) for host in deployed.hosts}
 
 
@@ -188,7 +200,7 @@ def test_ray_up_starts_the_head_and_its_autoscaler_the_workers(deployed: Launche
 def test_prefill_and_decode_replicas_run_on_different_hosts(deployed: Launched) -> None:
     hosts = deployed.hosts
     placed = {pool: replica_hosts(hosts, pool) for pool in POOL_RESOURCES}
-    assert placed == {pool: [hosts[index - 1].name] for pool, index in POOL_HOSTS.items()}
+    assert placed == {pool: [hosts[i - 1].name for i in ids] for pool, ids in POOL_HOSTS.items()}
 
 
 @pytest.mark.timeout(180)
@@ -211,13 +223,48 @@ def test_greedy_tokens_through_the_openai_sdk_equal_the_offline_engines(
 def test_kv_crossed_hosts_over_nixl_on_ucx_tcp(deployed: Launched) -> None:
     kv = deployed.view("kv", MODEL)
     assert kv["routes"].get("remote") == len(PROMPT_LENGTHS) and not kv["routes"].get("local")
-    (decode,) = kv["decode"]
-    assert decode["kv_num_transfers"] >= len(PROMPT_LENGTHS) and decode["kv_bytes_moved"] > 0
-    assert decode["kv_transfer_failures"] == decode["kv_num_failures"] == 0
-    tables = ucx_read_tables(deployed.hosts[POOL_HOSTS["decode"] - 1])
+    decode = kv["decode"]
+    assert len(decode) == len(POOL_HOSTS["decode"]), decode
+    assert sum(d["kv_num_transfers"] for d in decode) >= len(PROMPT_LENGTHS)
+    assert sum(d["kv_bytes_moved"] for d in decode) > 0
+    assert all(d["kv_transfer_failures"] == d["kv_num_failures"] == 0 for d in decode), decode
+    tables = [t for i in POOL_HOSTS["decode"] for t in ucx_read_tables(deployed.hosts[i - 1])]
     assert tables, "no READ protocol in UCX's report"
     for title, transports in tables:  # the peer on another node, reached over TCP on eth0
         assert " inter-node " in f" {title} " and transports == ["tcp/eth0"], tables
+
+
+@pytest.mark.timeout(300)
+def test_a_decode_host_lost_mid_stream_loses_no_stream(deployed: Launched, model_dir: Path) -> None:
+    prompts = random_prompts(1, LOSS_PROMPT_LENGTHS)
+    offline = LLM(str(model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+    expected = offline_greedy(offline, prompts, LOSS_MAX_TOKENS)
+    port, head = deployed.serve["http_options"]["port"], deployed.hosts[0].address
+    streams = [http_stream(port, MODEL, prompt, LOSS_MAX_TOKENS, head) for prompt in prompts]
+    for stream in streams:
+        stream.start()
+    wait(lambda: all(len(s.tokens) >= KILL_AFTER for s in streams), "the first tokens")
+    assert all(len(s.tokens) < LOSS_MAX_TOKENS for s in streams), "a stream ended before the kill"
+    lost = deployed.hosts[POOL_HOSTS["decode"][-1] - 1]
+    lost.kill()
+    try:
+        for stream in streams:
+            stream.join(WAIT_S)
+    finally:  # the machine back, bare, as after a reboot
+        lost.start()
+        deployed.baseline[lost.index] = set(lost.processes())
+    assert [s.error for s in streams] == [None] * len(streams)
+    assert [s.tokens for s in streams] == expected
+    # Its streams went on at host3's replica: the router moved them.
+    routes = deployed.view("kv", MODEL)["routes"]
+    assert routes.get("migrated", 0) >= 1, routes
+    # The autoscaler starts Ray on the rebooted host again, and Serve its replica there.
+    hosts = deployed.hosts
+    want = [host.name for host in hosts if host.index in POOL_HOSTS["decode"]]
+    deadline = time.monotonic() + REPLACE_TIMEOUT_S
+    while (placed := replica_hosts(hosts, "decode")) != want:
+        assert time.monotonic() < deadline, placed
+        time.sleep(POLL_S)
 
 
 @pytest.mark.timeout(240)

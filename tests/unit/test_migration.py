@@ -12,6 +12,7 @@ from pdserve.engine.errors import EngineStoppedError
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.router.dispatch import migration
 from pdserve.router.dispatch.migration import continuation, migrating
 from pdserve.serving.messages import GenerateRequest
 
@@ -102,3 +103,55 @@ def test_past_the_limit_the_request_fails_and_other_errors_pass_through() -> Non
         _read(migrating("r", broken, resume, migration_limit=3))
     with pytest.raises(EngineStoppedError, match="moved 0 times"):
         _read(migrating("r", _stream([], ActorDiedError()), resume, migration_limit=0))
+
+
+async def _hanging(chunks: list[RequestOutput], closed: list[bool]) -> AsyncIterator[RequestOutput]:
+    """A replica whose host went silent: its chunks, then nothing, ever (no error either)."""
+    try:
+        for chunk in chunks:
+            yield chunk
+        await asyncio.Event().wait()
+    finally:
+        closed.append(True)
+
+
+@pytest.mark.timeout(10)  # unnoticed, the stream would hang
+def test_a_silent_stream_whose_replica_left_the_pool_moves_and_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(migration, "LOST_SILENCE_S", 0.05)
+    closed: list[bool] = []
+    resumed: list[list[int]] = []
+
+    def resume(sent: list[int]) -> AsyncIterator[RequestOutput]:
+        resumed.append(sent)
+        return _stream([_chunk([3], finished=True)])
+
+    first = _hanging([_chunk([1, 2])], closed)
+    chunks = _read(migrating("r", first, resume, migration_limit=1, lost=lambda: True))
+    assert [t for c in chunks for t in c.outputs[0].token_ids] == [1, 2, 3]
+    assert resumed == [[1, 2]] and closed == [True]
+
+
+def test_a_slow_stream_moves_only_once_its_replica_left_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(migration, "LOST_SILENCE_S", 0.05)
+    gone = {"now": False}
+
+    async def slow() -> AsyncIterator[RequestOutput]:
+        # Silent for several spans of LOST_SILENCE_S while its replica is in the pool (a long
+        # queue, a long prefill): waited for. A replica leaving the pool that still streams
+        # (stopping gracefully): read to its end.
+        yield _chunk([1])
+        await asyncio.sleep(0.3)
+        gone["now"] = True
+        for token in (2, 3):
+            yield _chunk([token], finished=token == 3)
+            await asyncio.sleep(0.01)
+
+    def resume(sent: list[int]) -> AsyncIterator[RequestOutput]:
+        raise AssertionError(f"moved after {sent}")
+
+    chunks = _read(migrating("r", slow(), resume, migration_limit=1, lost=lambda: gone["now"]))
+    assert [t for c in chunks for t in c.outputs[0].token_ids] == [1, 2, 3]

@@ -226,3 +226,19 @@ def test_a_call_that_ended_is_no_longer_load(clock: Clock) -> None:
     placement.ended("never-sent")  # harmless
     placement.sent("b", _request(list(range(100)), "other"))
     assert placement.place(_request([7] * 32, "small")).replica == "a"
+
+
+def test_calls_at_a_replica_that_left_the_pool_are_orphaned_until_they_end(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    placement.sent("a", _request([1] * 32, "on-a"))
+    placement.sent("b", _request([2] * 32, "on-b"))
+    placement.sync({"b": _stats(KVEventLog(), clock.now)})  # a is gone: dead, or stopping
+    assert placement.orphaned("on-a") and not placement.orphaned("on-b")
+    # Moved to b (a continuation keeps its id): no longer orphaned.
+    placement.sent("b", _request([1] * 40, "on-a"))
+    assert not placement.orphaned("on-a")
+    placement.sync({})
+    assert placement.orphaned("on-a") and placement.orphaned("on-b")
+    placement.ended("on-a")
+    assert not placement.orphaned("on-a") and placement.orphaned("on-b")
