@@ -58,8 +58,8 @@ lint: setup
 
 # The metrics tests run a real Prometheus (Debian package `prometheus`): installed here when it is
 # missing and we are root on Debian; elsewhere those tests skip, naming the package. So are the
-# multihost tests' (tests/multihost/hosts.py): an sshd per test host (openssh-server), libfaketime
-# to shift a host's clock (faketime), rsync for `ray up`'s file mounts. Where it installs sshd it
+# multihost tests' (tests/multihost/hosts.py): an sshd per test host (openssh-server) and rsync for
+# `ray up`'s file mounts. Where it installs sshd it
 # keeps the package's own service from running: Debian's unit and init script honour
 # /etc/ssh/sshd_not_to_be_run.
 test-deps:
@@ -67,12 +67,12 @@ test-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		--no-install-recommends prometheus >/dev/null; } || \
 		echo "prometheus is not installed: the tests that need it will skip"
-	@{ [ -x /usr/sbin/sshd ] && command -v faketime >/dev/null && command -v rsync >/dev/null; } || \
+	@{ [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null; } || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ [ -x /usr/sbin/sshd ] || { mkdir -p /etc/ssh && touch /etc/ssh/sshd_not_to_be_run; }; } && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-		--no-install-recommends openssh-server faketime rsync >/dev/null; } || \
-		echo "openssh-server, faketime or rsync is not installed: the multihost tests will skip"
+		--no-install-recommends openssh-server rsync >/dev/null; } || \
+		echo "openssh-server or rsync is not installed: the multihost tests will skip"
 
 # Two pytest runs side by side: the tests that use Ray (one cluster, in order) and the rest, on two
 # workers (pytest-xdist, one file each at a time), which run in the Ray tests' waits: alone, the

@@ -76,6 +76,7 @@ class _Replica:
     heard_at: float = -math.inf  # when this router first heard it, on its own clock
     # The least (heard_at - the report's stamp) so far: the replica's clock onto this router's.
     clock_offset: float = math.inf
+    made_at: float = -math.inf  # when its latest report was made, on this router's clock
     # Calls in flight there, by request id: (when sent, prompt tokens).
     sent: dict[str, tuple[float, int]] = field(default_factory=dict)
     # Each call in flight there, by request id: (when sent, its block hashes). The one record of
@@ -199,8 +200,11 @@ class PoolPlacement:
     def view(self) -> dict[str, dict]:
         """Each replica as this placement sees it now (for operators and tests)."""
         with self._lock:
+            now = self._now()
             return {
                 name: {
+                    # the age of the replica's latest report, on this router's clock
+                    "report_age_s": now - replica.made_at,
                     "load_tokens": self._load(replica),
                     "reported_load_tokens": replica.load_tokens,
                     "cached_blocks": len(replica.cached) if replica.synced else None,
@@ -232,12 +236,12 @@ class PoolPlacement:
             held = stats["num_blocks"] - stats["num_free_blocks"]
             replica.load_tokens = held * self._block_size
         # Calls sent before the report was made (on this router's clock) are in its load, or over.
-        made_at = stats["made_at"] + replica.clock_offset
+        replica.made_at = stats["made_at"] + replica.clock_offset
         for request_id, (sent_at, _) in list(replica.sent.items()):
-            if sent_at <= made_at:
+            if sent_at <= replica.made_at:
                 del replica.sent[request_id]
         # Blocks sent (or whose call ended) RECENT_S before a trusted report: the report's word.
-        spoken_for = made_at - RECENT_S if replica.synced else -math.inf
+        spoken_for = replica.made_at - RECENT_S if replica.synced else -math.inf
         replica.recent = {
             h: t for h, t in replica.recent.items() if t > spoken_for and now - t <= FORGET_S
         }

@@ -6,19 +6,23 @@ from contextlib import ExitStack
 
 import pytest
 
-from pdserve.tests.multihost.hosts import Host, HostsUnavailable, bring_up
-
-# A head and three workers: deploy/cluster-local.yaml's two (a prefill host, a decode host) and a
-# second decode host, whose loss the first decode host's replica takes over.
-HOST_COUNT = 4
+from pdserve.tests.multihost.hosts import (
+    CLOCK_OFFSET_S,
+    HOST_COUNT,
+    SKEWED_HOST,
+    Host,
+    HostsUnavailable,
+    bring_up,
+)
 
 
 @pytest.fixture(scope="session")
 def hosts() -> Iterator[list[Host]]:
-    """``host1`` to ``host4``, up. A test that kills one starts it again before it ends."""
+    """``host1`` to ``host4``, up, ``SKEWED_HOST``'s clock off by ``CLOCK_OFFSET_S``. A test that
+    kills one starts it again before it ends."""
     with ExitStack() as stack:
         try:
-            up = stack.enter_context(bring_up(HOST_COUNT))
+            up = stack.enter_context(bring_up(HOST_COUNT, {SKEWED_HOST: CLOCK_OFFSET_S}))
         except HostsUnavailable as why:
             pytest.skip(f"no test hosts: {why}")
         yield up

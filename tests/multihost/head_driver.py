@@ -4,6 +4,8 @@ head by `ray exec` (`python head_driver.py VIEW ARG...`), it prints one JSON lin
 - ``app NAME TIMEOUT_S``: once Serve's application NAME runs (or has failed), its status and
   each live node's address and resources.
 - ``kv MODEL``: the router's route decisions for MODEL and each decode replica's stats.
+- ``placements MODEL``: each decode replica as the router's placement sees it, with the address
+  of the node it runs on.
 """
 
 import json
@@ -47,7 +49,28 @@ def kv(model: str) -> dict[str, Any]:
     return {"routes": routes, "decode": decode}
 
 
-VIEWS = {"app": lambda name, timeout_s: app(name, float(timeout_s)), "kv": kv}
+def placements(model: str) -> dict[str, dict[str, Any]]:
+    from ray import serve
+    from ray.util.state import list_actors
+
+    from pdserve.cluster.serve import APP_NAME
+
+    router = serve.get_app_handle(APP_NAME)
+    views = router.placements.remote().result().get(model, {}).get("decode", {})
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    nodes = {
+        actor.name.rsplit("#", 1)[-1]: addresses.get(actor.node_id)
+        for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+        if actor.name and f"#decode-{model}#" in actor.name
+    }
+    return {replica: {**view, "address": nodes.get(replica)} for replica, view in views.items()}
+
+
+VIEWS = {
+    "app": lambda name, timeout_s: app(name, float(timeout_s)),
+    "kv": kv,
+    "placements": placements,
+}
 
 if __name__ == "__main__":
     view, *args = sys.argv[1:]

@@ -16,12 +16,17 @@ host's, and a packet for anywhere else goes nowhere (``No route to host``).
 ``Host.kill`` cuts the host's link, then kills its init, which kills every process of the host:
 peers see silence, as from a machine that lost power, not closed connections.
 
-A clock offset is libfaketime (Debian's ``faketime``) preloaded into every SSH session of a host,
-so every process started over SSH reads the wall clock shifted. Linux time namespaces cannot do
-it: they shift CLOCK_MONOTONIC and CLOCK_BOOTTIME only, never CLOCK_REALTIME.
+Each host's monotonic clock counts from a boot of its own, as a machine's does: a time namespace
+puts host N's boot N days before this machine's, so no two hosts' monotonic clocks agree. A wall
+clock offset is libfaketime preloaded into every SSH session of a host, so every process started
+over SSH reads the wall clock shifted. Time namespaces cannot do that: they shift CLOCK_MONOTONIC
+and CLOCK_BOOTTIME only, never CLOCK_REALTIME. The library is the build the ``libfaketime`` wheel
+carries: Debian's 0.9.10 fails Python 3.11's ``time.sleep`` with EINVAL when the monotonic clock
+is left alone (wolfcw/libfaketime#426), and hangs ``threading.Event.wait`` when it is not.
 """
 
 import fcntl
+import importlib.util
 import os
 import shutil
 import signal
@@ -36,15 +41,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[2]
+# The session's hosts (conftest.py): a head and three workers, deploy/cluster-local.yaml's two (a
+# prefill host, a decode host) and a second decode host, whose loss the first one's replica takes
+# over. The first decode host's wall clock runs an hour behind the others' (the monotonic clocks
+# of all of them differ already: BOOTS_APART_S).
+HOST_COUNT = 4
+SKEWED_HOST, CLOCK_OFFSET_S = 3, -3600
 SUBNET = "10.77.0"
 PREFIX_LEN = 24
 MACHINE_ADDRESS = f"{SUBNET}.1"  # this machine's address on the bridge
 DEAD_END_GATEWAY = f"{SUBNET}.254"  # held by no one: the hosts' default route ends there
 FIRST_HOST_OCTET = 10  # host N is at SUBNET.(10+N)
+BOOTS_APART_S = 86_400  # host N booted N days before this machine
 BRIDGE = "pdserve-br0"
 SSH_PORT = 22
 SSHD = Path("/usr/sbin/sshd")
-FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+_FAKETIME = importlib.util.find_spec("libfaketime")
+FAKETIME_LIB = (
+    Path(_FAKETIME.origin).parent / "vendor/libfaketime/src/libfaketime.so.1"
+    if _FAKETIME and _FAKETIME.origin
+    else Path("/nonexistent/libfaketime.so.1")
+)
 TOOLS = ("ip", "unshare", "nsenter", "setpriv", "ssh", "ssh-keygen")
 # One set of hosts on a machine at a time: their names and addresses are fixed.
 LOCK = Path("/run/pdserve-test-hosts.lock")
@@ -92,6 +109,7 @@ class Host:
         self.address = f"{SUBNET}.{FIRST_HOST_OCTET + index}"
         self.netns = f"pdserve-{self.name}"
         self.veth = f"pdserve-veth{index}"  # the bridge's end; the host's end is its eth0
+        self.booted_s_before = index * BOOTS_APART_S  # its monotonic clock ahead of this machine's
         self.dir = state / self.name
         self.identity = identity
         self._unshare: subprocess.Popen[bytes] | None = None
@@ -124,7 +142,8 @@ class Host:
             self._unshare = subprocess.Popen(
                 ["setpriv", "--pdeathsig", "KILL", "nsenter", f"--net=/run/netns/{self.netns}",
                  "unshare", "--pid", "--kill-child", "--mount-proc", "--mount", "--uts", "--ipc",
-                 "sh", "-c", " && ".join(boot)],
+                 "--time", f"--monotonic={self.booted_s_before}",
+                 f"--boottime={self.booted_s_before}", "sh", "-c", " && ".join(boot)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         self._await_sshd()
@@ -186,10 +205,11 @@ class Host:
         ]
         if clock_offset_s:
             if not FAKETIME_LIB.exists():
-                raise HostsUnavailable("a clock offset needs libfaketime: apt-get install faketime")
+                raise HostsUnavailable(f"a clock offset needs libfaketime: no {FAKETIME_LIB}")
             lines.append(
                 f"SetEnv LD_PRELOAD={FAKETIME_LIB} FAKETIME={clock_offset_s:+d} "
-                "FAKETIME_DONT_FAKE_MONOTONIC=1"
+                # the raylet drops LD_PRELOAD from the workers it starts unless told not to
+                "FAKETIME_DONT_FAKE_MONOTONIC=1 RAY_LD_PRELOAD_ON_WORKERS=1"
             )
         return "\n".join(lines) + "\n"
 

@@ -2,9 +2,11 @@
 head's autoscaler starting workers on host2 (prefill only), host3 and host4 (decode only); Serve
 deploys deploy/serve-cluster.yaml from the head; greedy tokens through the openai SDK, from this
 machine to the head's HTTP port, equal the offline engine's, every prompt prefilled on host2 and
-its KV pulled by a decode host over NIXL, whose UCX reports the transport; host4 lost mid-stream
-(its link cut, every process killed) loses no stream, and once it is back the autoscaler and Serve
-put its replica there again; `ray down` leaves no process.
+its KV pulled by a decode host over NIXL, whose UCX reports the transport; the router dates the
+decode replicas' reports right though every host's monotonic clock differs and host3's wall clock
+runs an hour behind; host4 lost mid-stream (its link cut, every process killed) loses no stream,
+and once it is back the autoscaler and Serve put its replica there again; `ray down` leaves no
+process.
 
 The tests run in order on one cluster: the last one takes it down.
 """
@@ -27,9 +29,10 @@ import yaml
 from pdserve.cluster.make_model import make_model
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
+from pdserve.router.dispatch.placement import STALE_S
 from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts, token_ids
 from pdserve.tests.e2e.streams import WAIT_S, http_stream, wait
-from pdserve.tests.multihost.hosts import CHECKOUT, Host
+from pdserve.tests.multihost.hosts import CHECKOUT, SKEWED_HOST, Host
 from pdserve.tests.multihost.ray_up import (
     NODE_RESOURCES,
     RAY,
@@ -162,7 +165,8 @@ def deployed(launched: Launched, model_dir: Path) -> Launched:
     serve_file.write_text(yaml.safe_dump(launched.serve))
     # At once: the app runs once the workers have joined, since only they offer its pools' room.
     launched.app = launched.view("app", APP_NAME, APP_TIMEOUT_S, first=f"serve deploy {serve_file}")
-    assert launched.app["status"] == "RUNNING", launched.app
+    nodes = [node["address"] for node in launched.app["nodes"]]
+    assert launched.app["status"] == "RUNNING", (launched.app.get("message"), nodes)
     return launched
 
 
@@ -232,6 +236,21 @@ def test_kv_crossed_hosts_over_nixl_on_ucx_tcp(deployed: Launched) -> None:
     assert tables, "no READ protocol in UCX's report"
     for title, transports in tables:  # the peer on another node, reached over TCP on eth0
         assert " inter-node " in f" {title} " and transports == ["tcp/eth0"], tables
+
+
+@pytest.mark.timeout(120)
+def test_routing_trusts_the_reports_of_hosts_whose_clocks_disagree(deployed: Launched) -> None:
+    # The greedy test's prompts went to both decode replicas; their reports came since. A router
+    # that read a report's stamp (the replica's monotonic clock) as a time on its own clock would
+    # date it days away, before or after every call it sent there: its calls never (or at once)
+    # spoken for by a report, the blocks it sent there kept past the replica's word (or dropped).
+    views = deployed.view("placements", MODEL)
+    skewed = deployed.hosts[SKEWED_HOST - 1].address
+    by_host = {view["address"]: view for view in views.values()}
+    assert set(by_host) == {deployed.hosts[i - 1].address for i in POOL_HOSTS["decode"]}, views
+    for view in by_host.values():
+        assert 0 <= view["report_age_s"] < STALE_S and view["calls_in_flight"] == 0, views
+    assert by_host[skewed]["cached_blocks"], views  # its KV events counted
 
 
 @pytest.mark.timeout(300)

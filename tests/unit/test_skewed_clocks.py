@@ -16,8 +16,9 @@ from pdserve.serving.replica import RoutingReports
 
 BLOCK = 16
 SKEWS = (-3600.0, 0.0, 3600.0)  # a replica's clock against the router's
-DELIVERY_S = 0.05  # from a report's making to the router's hearing it (Serve's controller)
-SENT_AFTER_S = 0.2  # a call sent after a report was made, before the router heard that report
+# Times are sums of powers of two: the same instants on every clock, to the last bit.
+DELIVERY_S = 0.0625  # from a report's making to the router's hearing it (Serve's controller)
+SENT_AFTER_S = 0.25  # a call sent after a report was made, before the router heard that report
 PERIOD_S = 0.5  # between a replica's reports
 PREFIX = list(range(256))  # 16 full blocks
 HELD_S = 0.05  # a KV handle held before it is sent
