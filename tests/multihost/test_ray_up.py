@@ -240,17 +240,18 @@ def test_kv_crossed_hosts_over_nixl_on_ucx_tcp(deployed: Launched) -> None:
 
 @pytest.mark.timeout(120)
 def test_routing_trusts_the_reports_of_hosts_whose_clocks_disagree(deployed: Launched) -> None:
-    # The greedy test's prompts went to both decode replicas; their reports came since. A router
-    # that read a report's stamp (the replica's monotonic clock) as a time on its own clock would
-    # date it days away, before or after every call it sent there: its calls never (or at once)
-    # spoken for by a report, the blocks it sent there kept past the replica's word (or dropped).
+    # Each decode replica's latest report, dated by the router (host3's wall clock is an hour
+    # behind, and no two hosts' monotonic clocks agree). A router that read a report's stamp (the
+    # replica's monotonic clock) as a time on its own clock would date it days away, before or
+    # after every call it sent there: its calls never (or at once) spoken for by a report, the
+    # blocks it sent there kept past the replica's word (or dropped).
+    assert SKEWED_HOST in POOL_HOSTS["decode"]
     views = deployed.view("placements", MODEL)
-    skewed = deployed.hosts[SKEWED_HOST - 1].address
     by_host = {view["address"]: view for view in views.values()}
     assert set(by_host) == {deployed.hosts[i - 1].address for i in POOL_HOSTS["decode"]}, views
     for view in by_host.values():
         assert 0 <= view["report_age_s"] < STALE_S and view["calls_in_flight"] == 0, views
-    assert by_host[skewed]["cached_blocks"], views  # its KV events counted
+        assert view["cached_blocks"] is not None, views  # its KV event log trusted, in step
 
 
 @pytest.mark.timeout(300)
