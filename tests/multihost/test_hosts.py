@@ -39,15 +39,15 @@ def ssh_from(host: Host, to: Host, command: str) -> str:
 
 @pytest.mark.timeout(120)
 def test_each_host_is_a_machine_of_its_own(hosts: list[Host]) -> None:
-    for host in hosts:
+    for host, following in zip(hosts, hosts[1:] + hosts[:1], strict=True):
         name, address, *commands = host.ssh(LOOKING).stdout.split()
         assert (name, address) == (host.name, f"{host.address}/{PREFIX_LEN}")
         # Its init, its sshd (listener and this session) and this command: nothing of the others.
         assert set(commands) <= {"python", "sshd", "bash", "ps"}, commands
         route = host.ssh(f"ip route get {OUTSIDE}").stdout
         assert f"via {DEAD_END_GATEWAY} dev eth0" in route
-        for other in hosts:
-            assert ssh_from(host, other, "hostname").strip() == other.name
+        # Around the ring: each host reaches the next over SSH, the last the first.
+        assert ssh_from(host, following, "hostname").strip() == following.name
     outside = hosts[0].ssh(
         f"timeout {OUTSIDE_TIMEOUT_S} bash -c '</dev/tcp/{OUTSIDE}/53'", check=False
     )
