@@ -53,17 +53,21 @@ def placements(model: str) -> dict[str, dict[str, Any]]:
     from ray import serve
     from ray.util.state import list_actors
 
+    from pdserve.cluster.replicas import live_replicas
     from pdserve.cluster.serve import APP_NAME
 
     router = serve.get_app_handle(APP_NAME)
     views = router.placements.remote().result().get(model, {}).get("decode", {})
     addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
     nodes = {
-        actor.name.rsplit("#", 1)[-1]: addresses.get(actor.node_id)
+        actor.name: addresses.get(actor.node_id)
         for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-        if actor.name and f"#decode-{model}#" in actor.name
     }
-    return {replica: {**view, "address": nodes.get(replica)} for replica, view in views.items()}
+    actors = live_replicas(f"decode-{model}")
+    return {
+        replica: {**view, "address": nodes.get(actors.get(replica, ""))}
+        for replica, view in views.items()
+    }
 
 
 VIEWS = {
