@@ -3,9 +3,8 @@ head by `ray exec` (`python head_driver.py VIEW ARG...`), it prints one JSON lin
 
 - ``app NAME TIMEOUT_S``: once Serve's application NAME runs (or has failed), its status and
   each live node's address and resources.
-- ``kv MODEL``: the router's route decisions for MODEL and each decode replica's stats.
-- ``placements MODEL``: each decode replica as the router's placement sees it, with the address
-  of the node it runs on.
+- ``kv MODEL``: the router's route decisions for MODEL, each decode replica's stats, and each
+  decode replica as the router's placement sees it.
 """
 
 import json
@@ -44,37 +43,14 @@ def kv(model: str) -> dict[str, Any]:
     from pdserve.cluster.replicas import answering_replica_stats
     from pdserve.cluster.serve import APP_NAME
 
-    routes = serve.get_app_handle(APP_NAME).route_decisions.remote().result().get(model, {})
-    decode = list(answering_replica_stats(f"decode-{model}").values())
-    return {"routes": routes, "decode": decode}
-
-
-def placements(model: str) -> dict[str, dict[str, Any]]:
-    from ray import serve
-    from ray.util.state import list_actors
-
-    from pdserve.cluster.replicas import live_replicas
-    from pdserve.cluster.serve import APP_NAME
-
     router = serve.get_app_handle(APP_NAME)
-    views = router.placements.remote().result().get(model, {}).get("decode", {})
-    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-    nodes = {
-        actor.name: addresses.get(actor.node_id)
-        for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-    }
-    actors = live_replicas(f"decode-{model}")
-    return {
-        replica: {**view, "address": nodes.get(actors.get(replica, ""))}
-        for replica, view in views.items()
-    }
+    routes = router.route_decisions.remote().result().get(model, {})
+    placements = router.placements.remote().result().get(model, {}).get("decode", {})
+    decode = list(answering_replica_stats(f"decode-{model}").values())
+    return {"routes": routes, "decode": decode, "placements": placements}
 
 
-VIEWS = {
-    "app": lambda name, timeout_s: app(name, float(timeout_s)),
-    "kv": kv,
-    "placements": placements,
-}
+VIEWS = {"app": lambda name, timeout_s: app(name, float(timeout_s)), "kv": kv}
 
 if __name__ == "__main__":
     view, *args = sys.argv[1:]

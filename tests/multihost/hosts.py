@@ -26,7 +26,6 @@ is left alone (wolfcw/libfaketime#426), and hangs ``threading.Event.wait`` when 
 """
 
 import fcntl
-import importlib.util
 import os
 import shutil
 import signal
@@ -39,6 +38,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import libfaketime
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 # The session's hosts (conftest.py): a head and three workers, deploy/cluster-local.yaml's two (a
@@ -56,12 +57,7 @@ BOOTS_APART_S = 86_400  # host N booted N days before this machine
 BRIDGE = "pdserve-br0"
 SSH_PORT = 22
 SSHD = Path("/usr/sbin/sshd")
-_FAKETIME = importlib.util.find_spec("libfaketime")
-FAKETIME_LIB = (
-    Path(_FAKETIME.origin).parent / "vendor/libfaketime/src/libfaketime.so.1"
-    if _FAKETIME and _FAKETIME.origin
-    else Path("/nonexistent/libfaketime.so.1")
-)
+FAKETIME_LIB = Path(libfaketime.__file__).parent / "vendor/libfaketime/src/libfaketime.so.1"
 TOOLS = ("ip", "unshare", "nsenter", "setpriv", "ssh", "ssh-keygen")
 # One set of hosts on a machine at a time: their names and addresses are fixed.
 LOCK = Path("/run/pdserve-test-hosts.lock")
