@@ -21,6 +21,10 @@ SUBCOMMANDS = {
         "pdserve.benchmarks.ramp",
         "a stepped request rate against a server with its planner on: replicas and latency",
     ),
+    "peers": (
+        "pdserve.benchmarks.peers.cli",
+        "pdserve against llama.cpp's server on the same weights, cores and load",
+    ),
     "serve": (
         "pdserve.benchmarks.serve_bench.cli",
         "online serving load as vllm bench serve: TTFT, TPOT, ITL, throughput, goodput",

@@ -81,11 +81,19 @@ class OpenAIClient:
     use as ``async with``."""
 
     def __init__(
-        self, url: str, api_key: str | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+        self,
+        url: str,
+        api_key: str | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        keep_alive: bool = True,
     ) -> None:
+        """``keep_alive=False``: a new connection per request, for a server that closes idle
+        kept-alive ones on its own terms (llama.cpp's, after 5 s), which the client finds only when
+        it writes its next request on one."""
         self.url = url.rstrip("/")
         self.headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self.timeout_s = timeout_s
+        self.keep_alive = keep_alive
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "OpenAIClient":
@@ -93,7 +101,7 @@ class OpenAIClient:
         self.session = aiohttp.ClientSession(
             headers=self.headers,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, force_close=not self.keep_alive),
         )
         return self
 
