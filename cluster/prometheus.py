@@ -14,13 +14,13 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from pdserve.cluster.readiness import wait_ready
 from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
 
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheus.yml"
@@ -70,23 +70,17 @@ class PrometheusServer:
             stderr=subprocess.STDOUT,
         )
         try:
-            self._wait_ready()
+            wait_ready(
+                self._process,
+                "prometheus",
+                f"{self.url}/-/ready",
+                Path(self._data) / "prometheus.log",
+                START_TIMEOUT_S,
+                POLL_S,
+            )
         except BaseException:
             self.stop()
             raise
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                log = (Path(self._data) / "prometheus.log").read_text(errors="replace")
-                raise RuntimeError(f"prometheus exited ({self._process.returncode}):\n{log}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1.0):
-                    return
-            except (urllib.error.URLError, OSError):
-                time.sleep(POLL_S)
-        raise TimeoutError(f"prometheus was not ready at {self.url} after {START_TIMEOUT_S} s")
 
     def stop(self) -> None:
         if self._process.poll() is None:

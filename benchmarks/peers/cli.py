@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         ):
             tokenizer = Tokenizer.from_pretrained(gguf)
             runs = asyncio.run(_drive(args, levels, urls, name, tokenizer))
+    cpu = describe_cpu()
     summaries = {
         level: {s: summarize(run["records"], run["seconds"], {}) for s, run in servers.items()}
         for level, servers in runs.items()
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     result = {
         "model": name,
         "gguf": str(gguf),
-        "cpu": describe_cpu(),
+        "cpu": cpu,
         "llama_server": " ".join(llama),
         "pdserve": config,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         },
     }
     out.write_text(json.dumps(result, indent=1))
-    print(f"{name}, {args.weights} weights, {args.cores} cores each; {describe_cpu()}")
+    print(f"{name}, {args.weights} weights, {args.cores} cores each; {cpu}")
     print("\n".join(peers_table(summaries)))
     plot = out.with_suffix(".png")
     print(f"wrote {out}" + (f" and {plot}" if plot_peers(summaries, plot) else ""))

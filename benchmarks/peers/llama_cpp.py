@@ -15,6 +15,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from pdserve.kernels.native import cpu_name
+
 logger = logging.getLogger(__name__)
 
 DISTRIBUTION, VERSION = "llama-cpp-python", "0.3.36"
@@ -41,15 +43,12 @@ def default_cache() -> Path:
 
 
 def cpu_key() -> str:
-    """Names this CPU's build: the model name and a digest of its feature flags, since a native
+    """Names this CPU's build: its model name and a digest of its feature flags, since a native
     build may not run on a CPU with fewer."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    lines = dict(
-        line.split(":", 1) for line in info.splitlines() if ":" in line and line[0].isalpha()
-    )
-    name = "-".join(lines.get("model name\t", "cpu").split()) or "cpu"
-    flags = hashlib.sha256(lines.get("flags\t\t", "").encode()).hexdigest()[:8]
-    return f"{name}-{flags}"
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    flags = next((line for line in lines if line.startswith("flags")), "")
+    return "-".join(cpu_name().split()) + "-" + hashlib.sha256(flags.encode()).hexdigest()[:8]
 
 
 def download_sdist(cache: Path) -> Path:

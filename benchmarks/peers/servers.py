@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
+
+from pdserve.cluster.readiness import wait_ready
 
 READY_POLL_S = 1.0
 STOP_GRACE_S = 60.0  # pdserve stops its Ray cluster on SIGINT
@@ -44,14 +43,6 @@ def pdserve_argv(config: dict, folder: Path) -> list[str]:
     return [str(Path(sys.executable).with_name("pdserve")), "serve", "--config", str(path)]
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as answer:
-            return answer.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
 @contextlib.contextmanager
 def running(argv: list[str], url: str, log: Path, timeout_s: float) -> Iterator[None]:
     """The server ``argv`` starts, once ``url``/health answers 200; its output goes to ``log``.
@@ -61,13 +52,7 @@ def running(argv: list[str], url: str, log: Path, timeout_s: float) -> Iterator[
             argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _healthy(url):
-            if process.poll() is not None:
-                raise RuntimeError(f"{argv[0]} exited ({process.returncode}): see {log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{argv[0]} not ready in {timeout_s:.0f} s: see {log}")
-            time.sleep(READY_POLL_S)
+        wait_ready(process, Path(argv[0]).name, url + "/health", log, timeout_s, READY_POLL_S)
         yield
     finally:
         process.send_signal(signal.SIGINT)
