@@ -10,6 +10,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
@@ -90,6 +91,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _uses_ray(item):
             item.add_marker(pytest.mark.ray)
+
+
+@pytest.fixture(scope="session")
+def native_ops() -> ModuleType:
+    """The native CPU kernels, built here if the set-up step has not (skipped with no compiler
+    or with them disabled)."""
+    from pdserve.kernels import native
+
+    if not native.library_path(native.cpu_capability()).exists():
+        try:
+            native.build()
+        except RuntimeError as error:
+            pytest.skip(str(error))
+        native.load.cache_clear()
+    assert native.load()
+    if not native.available():
+        pytest.skip(f"{native.DISABLE_ENV}=0")
+    return native
 
 
 @pytest.fixture

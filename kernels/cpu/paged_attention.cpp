@@ -20,6 +20,8 @@
 #include <limits>
 #include <vector>
 
+#include "fast_exp.h"
+
 namespace {
 
 // Two independent 8-lane partial sums (one accumulator would chain every multiply-add on the
@@ -45,26 +47,6 @@ inline float dot(const float* q, const T* k, int64_t d) {
          ((even[2] + even[6]) + (even[3] + even[7]));
 }
 
-// exp(x) for the softmax (x <= 0), as 2^n * 2^f with f in [-1/2, 1/2] by Cephes' exp2f
-// polynomial (relative error ~2e-7, as std::exp's float rounding), in plain arithmetic so that
-// a loop of it vectorizes. Below -87 it is 0, as the true value is below float's range.
-inline float softmax_exp(float x) {
-  const float t = std::max(x, -87.f) * 1.44269504088896341f;  // log2(e)
-  const float n = (t + 12582912.f) - 12582912.f;  // round to nearest: 1.5 * 2^23
-  const float f = t - n;
-  float p = 1.535336188319500e-4f;
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
 template <typename T>
 inline void add_scaled(float a, const T* v, float* out, int64_t d) {
 #pragma omp simd
@@ -83,19 +65,83 @@ inline void prefetch_rows(const T* rows, int64_t count, int64_t stride, int64_t 
     for (int64_t i = 0; i < dim; i += line) __builtin_prefetch(rows + r * stride + i);
 }
 
-// One work item is a sequence, read a block at a time, K and V of a block together (one pass,
-// the softmax kept online as in flash decoding), every head of a row while it is in cache, the
-// next block prefetched meanwhile: the blocks lie anywhere in the pool, so the hardware
-// prefetcher alone stalls at each one.
+// Enough work items for every thread to stay busy at small batches: a step of one sequence
+// would leave all threads but one idle.
+constexpr int64_t kItemsPerThread = 4;
+constexpr int64_t kMinRangeTokens = 64;  // below this a range's fixed costs outweigh the split
+
+// Where a work item's softmax stands: every query head over one range of a sequence's
+// positions, the weighted sum not yet divided by the total (flash decoding's partial result).
+struct Partials {
+  std::vector<float> acc, top, total;  // [items, heads, dim], [items, heads], [items, heads]
+  Partials(int64_t items, int64_t heads, int64_t dim)
+      : acc(items * heads * dim), top(items * heads), total(items * heads) {}
+};
+
+// The geometry of one layer's cache view and a step's queries.
+struct Shape {
+  int64_t num_heads, group, dim, block_size, s_block, s_kv, s_row, s_head, row_elems;
+};
+
+// One work item: every query head over positions [start, end) of a sequence (start on a block
+// boundary), read a block at a time, K and V of a block together (one pass, the softmax kept
+// online), every head of a row while it is in cache, the next block prefetched meanwhile: the
+// blocks lie anywhere in the pool, so the hardware prefetcher alone stalls at each one. `q`
+// holds the scaled queries [heads, dim]; `scores` is [heads, block_size].
+template <typename T>
+void attend_range(const Shape& g, const float* q, const T* cache, const int32_t* table,
+                  int64_t start, int64_t end, float* scores, float* acc, float* top,
+                  float* total) {
+  const int64_t heads = g.num_heads, dim = g.dim, block_size = g.block_size;
+  std::fill(acc, acc + heads * dim, 0.f);
+  std::fill(top, top + heads, -std::numeric_limits<float>::infinity());
+  std::fill(total, total + heads, 0.f);
+  for (int64_t first = start; first < end; first += block_size) {
+    const T* k = cache + table[first / block_size] * g.s_block;
+    const T* v = k + g.s_kv;
+    const int64_t rows = std::min(block_size, end - first);
+    if (first + block_size < end) {
+      const T* after = cache + table[first / block_size + 1] * g.s_block;
+      const int64_t next_rows = std::min(block_size, end - first - block_size);
+      prefetch_rows(after, next_rows, g.s_row, g.row_elems);
+      prefetch_rows(after + g.s_kv, next_rows, g.s_row, g.row_elems);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t head = 0; head < heads; ++head)
+        scores[head * block_size + r] =
+            dot(&q[head * dim], k + r * g.s_row + (head / g.group) * g.s_head, dim);
+    for (int64_t head = 0; head < heads; ++head) {
+      float* s = &scores[head * block_size];
+      float block_top = top[head];
+      for (int64_t r = 0; r < rows; ++r) block_top = std::max(block_top, s[r]);
+      const float rescale = std::exp(top[head] - block_top);  // 0 at the first block
+      float* a = &acc[head * dim];
+      for (int64_t i = 0; i < dim; ++i) a[i] *= rescale;
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t r = 0; r < rows; ++r) sum += (s[r] = fast_exp(s[r] - block_top));
+      total[head] = total[head] * rescale + sum;
+      top[head] = block_top;
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t head = 0; head < heads; ++head)
+        add_scaled(scores[head * block_size + r], v + r * g.s_row + (head / g.group) * g.s_head,
+                   &acc[head * dim], dim);
+  }
+}
+
+// Work items are ranges of a sequence's positions, taken by threads as they free up: the runner
+// orders decodes longest first, so even slices would leave one thread the long half. A sequence
+// is cut into several ranges only when there are too few sequences to share among the threads;
+// its ranges' partials are then merged per head.
 template <typename T>
 void decode(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
             const at::Tensor& seq_lens, double scale, at::Tensor& out) {
   const int64_t batch = query.size(0), num_heads = query.size(1), dim = query.size(2);
-  const int64_t block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3);
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t s_block = kv_cache.stride(0), s_kv = kv_cache.stride(1);
-  const int64_t s_row = kv_cache.stride(2), s_head = kv_cache.stride(3);
-  const int64_t row_elems = (num_kv_heads - 1) * s_head + dim;  // a row's heads, end to end
+  const int64_t num_kv_heads = kv_cache.size(3), s_head = kv_cache.stride(3);
+  const Shape g{num_heads,          num_heads / num_kv_heads, dim,
+                kv_cache.size(2),   kv_cache.stride(0),       kv_cache.stride(1),
+                kv_cache.stride(2), s_head,                   (num_kv_heads - 1) * s_head + dim};
   const int64_t s_table = block_tables.stride(0);
   const int64_t q_batch = query.stride(0), q_head = query.stride(1);
   const T* cache = kv_cache.const_data_ptr<T>();
@@ -104,60 +150,63 @@ void decode(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tenso
   const int32_t* lens = seq_lens.const_data_ptr<int32_t>();
   T* o_data = out.mutable_data_ptr<T>();
   const float fscale = static_cast<float>(scale);
+  const int64_t threads = at::get_num_threads();
 
-  // Sequences go to threads as they free up: the runner orders decodes longest first, so even
-  // slices would leave one thread the long half.
+  int64_t range = *std::max_element(lens, lens + batch);
+  if (batch < kItemsPerThread * threads) {
+    const int64_t splits = (kItemsPerThread * threads + batch - 1) / batch;
+    range = std::max(kMinRangeTokens, (range + splits - 1) / splits);
+  }
+  range = (range + g.block_size - 1) / g.block_size * g.block_size;
+  std::vector<int64_t> first_item(batch + 1, 0), seq_of;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = std::max<int64_t>(1, (lens[b] + range - 1) / range);
+    first_item[b + 1] = first_item[b] + n;
+    seq_of.insert(seq_of.end(), n, b);
+  }
+  const int64_t items = first_item[batch];
+  Partials parts(items, num_heads, dim);
+
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> q(num_heads * dim), acc(num_heads * dim), scores(num_heads * block_size);
-    std::vector<float> top(num_heads), total(num_heads);
-    for (int64_t b = next++; b < batch; b = next++) {
-      const int64_t len = lens[b];
-      const int32_t* table = tables + b * s_table;
-      for (int64_t head = 0; head < num_heads; ++head) {
-        const T* row = q_data + b * q_batch + head * q_head;
-        for (int64_t i = 0; i < dim; ++i) q[head * dim + i] = static_cast<float>(row[i]) * fscale;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(top.begin(), top.end(), -std::numeric_limits<float>::infinity());
-      std::fill(total.begin(), total.end(), 0.f);
-      for (int64_t start = 0; start < len; start += block_size) {
-        const T* k = cache + table[start / block_size] * s_block;
-        const T* v = k + s_kv;
-        const int64_t rows = std::min(block_size, len - start);
-        if (start + block_size < len) {
-          const T* after = cache + table[start / block_size + 1] * s_block;
-          const int64_t next_rows = std::min(block_size, len - start - block_size);
-          prefetch_rows(after, next_rows, s_row, row_elems);
-          prefetch_rows(after + s_kv, next_rows, s_row, row_elems);
-        }
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t head = 0; head < num_heads; ++head)
-            scores[head * block_size + r] =
-                dot(&q[head * dim], k + r * s_row + (head / group) * s_head, dim);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    std::vector<float> q(num_heads * dim), scores(num_heads * g.block_size);
+    int64_t loaded = -1;  // the sequence whose queries `q` holds
+    for (int64_t item = next++; item < items; item = next++) {
+      const int64_t b = seq_of[item];
+      const int64_t start = (item - first_item[b]) * range;
+      if (b != loaded) {
         for (int64_t head = 0; head < num_heads; ++head) {
-          float* s = &scores[head * block_size];
-          float block_top = top[head];
-          for (int64_t r = 0; r < rows; ++r) block_top = std::max(block_top, s[r]);
-          const float rescale = std::exp(top[head] - block_top);  // 0 at the first block
-          float* a = &acc[head * dim];
-          for (int64_t i = 0; i < dim; ++i) a[i] *= rescale;
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t r = 0; r < rows; ++r) sum += (s[r] = softmax_exp(s[r] - block_top));
-          total[head] = total[head] * rescale + sum;
-          top[head] = block_top;
+          const T* row = q_data + b * q_batch + head * q_head;
+          for (int64_t i = 0; i < dim; ++i) q[head * dim + i] = static_cast<float>(row[i]) * fscale;
         }
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t head = 0; head < num_heads; ++head)
-            add_scaled(scores[head * block_size + r], v + r * s_row + (head / group) * s_head,
-                       &acc[head * dim], dim);
+        loaded = b;
       }
-      for (int64_t head = 0; head < num_heads; ++head) {
-        T* row = o_data + (b * num_heads + head) * dim;
-        const float inv = 1.f / total[head];
-        for (int64_t i = 0; i < dim; ++i) row[i] = static_cast<T>(acc[head * dim + i] * inv);
+      attend_range(g, q.data(), cache, tables + b * s_table, start,
+                   std::min<int64_t>(lens[b], start + range), scores.data(),
+                   &parts.acc[item * num_heads * dim], &parts.top[item * num_heads],
+                   &parts.total[item * num_heads]);
+    }
+  });
+
+  // Each head's ranges merged, their sums rescaled to the largest score among them (a single
+  // range is divided by its total, as it stands).
+  at::parallel_for(0, batch * num_heads, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / num_heads, head = bh % num_heads;
+      const int64_t first = first_item[b] * num_heads + head, last = first_item[b + 1] * num_heads;
+      float* acc = &parts.acc[first * dim];
+      float top = parts.top[first], total = parts.total[first];
+      for (int64_t at = first + num_heads; at < last; at += num_heads) {
+        const float top_at = std::max(top, parts.top[at]);
+        const float mine = std::exp(top - top_at), theirs = std::exp(parts.top[at] - top_at);
+        const float* other = &parts.acc[at * dim];
+        for (int64_t i = 0; i < dim; ++i) acc[i] = acc[i] * mine + other[i] * theirs;
+        total = total * mine + parts.total[at] * theirs;
+        top = top_at;
       }
+      T* row = o_data + (b * num_heads + head) * dim;
+      const float inv = 1.f / total;
+      for (int64_t i = 0; i < dim; ++i) row[i] = static_cast<T>(acc[i] * inv);
     }
   });
 }

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 import pdserve.kernels as kernels
-from pdserve.kernels import native, torch_attention
+from pdserve.kernels import torch_attention
 
 # The cache under test is one layer's view of a multi-layer block-major cache: not contiguous.
 NUM_LAYERS, LAYER = 3, 1
@@ -220,25 +220,11 @@ def test_dispatch_sends_cpu_tensors_to_torch():
 # The native CPU kernels, against the PyTorch path.
 
 
-@pytest.fixture(scope="module")
-def native_ops() -> ModuleType:
-    """The native kernels, built here if the set-up step has not (skipped with no compiler)."""
-    if not native.library_path(native.cpu_capability()).exists():
-        try:
-            native.build()
-        except RuntimeError as error:
-            pytest.skip(str(error))
-        native.load.cache_clear()
-    assert native.load()
-    if not native.available():
-        pytest.skip(f"{native.DISABLE_ENV}=0")
-    return native
-
-
 NATIVE_CASES = [
     *TORCH_CASES,
     (16, 2, 1, 64, [(0, 1), (15, 1), (16, 1), (500, 1)]),  # one token, a block's end, the next
     (32, 1, 8, 96, [(77, 1), (3, 1)]),
+    (16, 3, 3, 64, [(1000, 1)]),  # SmolLM2's heads: one sequence cut into ranges, merged
 ]
 
 
