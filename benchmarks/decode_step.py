@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from pdserve.engine.checkpoint_format import HF_CONFIG_FILE, gguf_file
 from pdserve.engine.linear import Linear
 from pdserve.engine.llm import LLM
 from pdserve.engine.model import LlamaForCausalLM
@@ -29,7 +30,9 @@ WARMUP_STEPS = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=Path("models/small"))
+    parser.add_argument(
+        "--model", type=Path, default=Path("models/small"), help="an HF folder or a GGUF file"
+    )
     parser.add_argument("--preset", default="small", help="made into --model when it is missing")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=20)
@@ -150,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     torch.set_num_threads(args.threads)
-    if not (args.model / "config.json").exists():
+    gguf = gguf_file(args.model) if args.model.exists() else None
+    if gguf is None and not (args.model / HF_CONFIG_FILE).exists():
         from pdserve.cluster.make_model import make_model
 
         make_model(args.preset, args.model)
@@ -161,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
     bound = weight_bytes / bandwidth
     mkl_gemv, ours_gemv = matmul_seconds(model, args.steps)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=llm.engine.config.torch_dtype
+        args.model if gguf is None else gguf.parent,
+        gguf_file=None if gguf is None else gguf.name,
+        dtype=llm.engine.config.torch_dtype,
     ).eval()
     vocab = llm.engine.model_config.vocab_size
     print(
@@ -170,10 +176,11 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"CPU: {native.describe_cpu()}")
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step")
-    packed = model.lm_head.packed_weight is not None
+    row = torch.empty(1, 1, dtype=model.model.embed_tokens.weight.dtype)
+    ours_name = "native few-row kernel" if native.serves(row) else "PyTorch's"
     for name, seconds in (
         ("nn.Linear, [out, in] (MKL gemv)", mkl_gemv),
-        ("ours, " + ("packed (oneDNN)" if packed else "[in, out] (column blocks)"), ours_gemv),
+        (f"ours, {ours_name}", ours_gemv),
     ):
         print(
             f"matmuls alone, 1 row, {name}: {seconds * 1e3:.1f} ms = "

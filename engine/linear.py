@@ -1,19 +1,18 @@
-"""A linear layer for CPU decoding: MKL over a transposed weight, or oneDNN over a packed one."""
+"""A linear layer for CPU decoding: a native kernel for a few rows, oneDNN over a packed weight
+for more."""
 
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+from pdserve.kernels import native
 
 
 def onednn_packing_helps(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether ``Linear.pack`` should be used: fp32 on a CPU with oneDNN, on more than one thread
-    (where packed weights make decode steps of 2-64 sequences faster; on one thread they are not;
-    docs/benchmarks.md, "Measurements behind the code's choices")."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and torch.get_num_threads() > 1
-    )
+    """Whether ``Linear.pack`` should be used: fp32 on a CPU with oneDNN, where packed weights
+    make products of more rows than ``SMALL_LINEAR_MAX_ROWS`` faster than MKL's over the plain
+    [out, in] weight (docs/benchmarks.md, "Measurements behind the code's choices")."""
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
 def native_bf16_products(device: torch.device) -> bool:
@@ -24,50 +23,38 @@ def native_bf16_products(device: torch.device) -> bool:
 
 
 class Linear(nn.Module):
-    """``y = x W^T + b`` like ``nn.Linear``, with W kept in an [in, out] contiguous buffer.
+    """``y = x W^T + b`` like ``nn.Linear``, with W in its [out, in] layout, and on the CPU:
 
-    ``torch.mm(x, W^T)`` over a contiguous [in, out] matrix is MKL's plain (non-transposed) sgemm,
-    faster than nn.Linear's product over [out, in] at the batches a decode step has. ``weight`` is
-    still the [out, in] tensor checkpoints hold (a transposed view of that buffer), so loading,
-    tying and ``.to()`` see nn.Linear's shape.
+    - a few rows (a decode step of up to ``SMALL_LINEAR_MAX_ROWS`` sequences) go to the native
+      kernel (``kernels/cpu/linear.cpp``), which streams W's rows in chunks the threads take as
+      they free up: as fast as MKL's matrix-vector product, and a preempted thread (the server's
+      other processes share the cores) delays one chunk instead of half of every product;
+    - more rows go to oneDNN over the weight ``pack`` copied into its blocked layout after
+      loading (what inductor does for CPU linears), faster than MKL at the 5-64 rows of a decode
+      step. The plain weight stays for the few-row products (and an embedding tied to it): the
+      memory of a second copy buys the small-batch step its speed.
 
-    A single input row (a decode step at batch 1) is a matrix-vector product, which MKL runs on
-    one thread whatever torch's thread count; viewing the columns as one block per thread and
-    multiplying the blocks in one ``bmm`` spreads it over all threads.
-
-    After loading, ``pack`` can hand the weight to oneDNN in its blocked layout (what inductor
-    does for CPU linears), faster than MKL's sgemm at the 2-64 rows of a decode step. The figures
-    behind each choice: docs/benchmarks.md, "Measurements behind the code's choices".
+    The figures behind each choice: docs/benchmarks.md, "Measurements behind the code's choices".
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        # .to(dtype) keeps these strides.
-        self.weight = nn.Parameter(torch.empty(in_features, out_features).t())
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: torch.Tensor | None = None  # oneDNN's opaque layout, once packed
 
-    def pack(self, keep_weight: bool) -> None:
-        """Moves the weight into oneDNN's packed layout; the [in, out] buffer is freed unless
-        ``keep_weight`` (a head tied to the embedding table packs a copy of it)."""
-        weight = self.weight.detach().contiguous()  # [out, in]
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight)
-        if not keep_weight:
-            self.weight = None
+    def pack(self) -> None:
+        """Copies the weight into oneDNN's packed layout, for products of many rows."""
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out]
+        if x.shape[0] <= native.SMALL_LINEAR_MAX_ROWS and native.serves(x):
+            return native.small_linear(x, self.weight, self.bias)
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.packed_weight, self.bias, "none", [], ""
             )
-        weight = self.weight.t()  # [in, out]; contiguous unless tied to an embedding
-        parts = torch.get_num_threads()
-        if x.shape[0] != 1 or x.device.type != "cpu" or parts == 1 or self.out_features % parts:
-            return torch.mm(x, weight) if self.bias is None else torch.addmm(self.bias, x, weight)
-        blocks = weight.view(self.in_features, parts, -1).transpose(0, 1)  # [parts, in, out/parts]
-        y = torch.bmm(x.expand(parts, 1, self.in_features), blocks)  # [parts, 1, out / parts]
-        y = y.view(1, self.out_features)  # the blocks are consecutive columns, in order
-        return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)

@@ -12,6 +12,7 @@ from pdserve.engine.attention import AttentionMetadata, paged_attention
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.linear import Linear
 from pdserve.engine.rope import RopeTables, RotaryEmbedding
+from pdserve.kernels import native
 
 
 class RMSNorm(nn.Module):
@@ -30,6 +31,16 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): the residual stream's sum and the next block's
+        input, in one native op where it serves (which updates ``residual`` in place)."""
+        if native.serves(x) and residual.is_contiguous():
+            return native.add_rms_norm_(residual, x, self.weight, self.eps), residual
+        residual = residual + x
+        return self(residual), residual
 
 
 class Attention(nn.Module):
@@ -56,7 +67,7 @@ class Attention(nn.Module):
         # x: [T, hidden]
         heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # [T, Hq + 2 Hkv, D]
         # Queries and keys sit side by side in the fused output: one rotation covers both.
-        qk = rope.apply(heads[:, : self.num_heads + self.num_kv_heads])
+        qk = rope.rotate(heads, self.num_heads + self.num_kv_heads)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = heads[:, self.num_heads + self.num_kv_heads :]
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, Hq, D]
@@ -70,7 +81,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if native.serves(gate_up):
+            return self.down_proj(native.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -86,11 +100,20 @@ class DecoderLayer(nn.Module):
         self,
         rope: RopeTables,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's output, added to the residual stream here (the first layer's
+        x is the embedding, and its residual None). Returns (this layer's output, the residual
+        stream before it), as vLLM's layers do, so each add is fused with the norm after it."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm.add_and_norm(x, residual)
+        x = self.self_attn(rope, x, kv_cache, meta)
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -113,13 +136,13 @@ class LlamaModel(nn.Module):
         logits_indices: torch.Tensor | None,
     ) -> torch.Tensor:
         # input_ids, positions: [T]; kv_cache: [num_blocks, num_layers, 2, block, Hkv, D]
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         rope = self.rope.lookup(positions)
         for i, layer in enumerate(self.layers):
-            x = layer(rope, x, kv_cache[:, i], meta)
+            x, residual = layer(rope, x, residual, kv_cache[:, i], meta)
         if logits_indices is not None:  # the final norm is per token: only sampled ones need it
-            x = x[logits_indices]
-        return self.norm(x)  # [len(logits_indices) or T, hidden]
+            x, residual = x[logits_indices], residual[logits_indices]
+        return self.norm.add_and_norm(x, residual)[0]  # [len(logits_indices) or T, hidden]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -135,12 +158,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def pack_linear_weights(self) -> None:
-        """Hands every linear's weight to oneDNN (see ``Linear.pack``); a tied head packs a copy,
-        vocab x hidden more memory, as the embedding lookup still needs the plain table."""
+        """Copies every linear's weight into oneDNN's layout (see ``Linear.pack``)."""
         for module in self.modules():
             if isinstance(module, Linear):
-                tied = module is self.lm_head and self.config.tie_word_embeddings
-                module.pack(keep_weight=tied)
+                module.pack()
 
     @torch.inference_mode()
     def forward(

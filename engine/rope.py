@@ -6,6 +6,7 @@ from typing import NamedTuple
 import torch
 
 from pdserve.engine.config import ModelConfig, RopeScaling
+from pdserve.kernels import native
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -52,15 +53,20 @@ class RotaryEmbedding:
 
     def lookup(self, positions: torch.Tensor) -> "RopeTables":
         """cos/sin for a step's positions [T]; looked up once per step, shared by every layer."""
-        return RopeTables(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+        return RopeTables(self.cos[positions], self.sin[positions])
 
 
 class RopeTables(NamedTuple):
-    cos: torch.Tensor  # [T, 1, D]: cos of each pair's angle, in both halves
-    sin: torch.Tensor  # [T, 1, D]: -sin in the first half, sin in the second
+    cos: torch.Tensor  # [T, D]: cos of each pair's angle, in both halves
+    sin: torch.Tensor  # [T, D]: -sin in the first half, sin in the second
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotates x: [T, H, D] (queries and keys together), non-interleaved halves as HF's
-        rotate_half: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], rounded as HF rounds it."""
+    def rotate(self, heads: torch.Tensor, count: int) -> torch.Tensor:
+        """The first ``count`` heads of heads [T, H, D] (queries and keys together) rotated,
+        non-interleaved halves as HF's rotate_half: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1
+        sin], rounded as HF rounds it. In fp32 on the CPU the native op rotates them in place."""
+        if native.serves(heads):
+            native.rope_(heads, self.cos, self.sin, count)
+            return heads[:, :count]
+        x = heads[:, :count]
         # Rolling by half a head swaps the halves: [x2, x1].
-        return x * self.cos + x.roll(x.shape[-1] // 2, dims=-1) * self.sin
+        return x * self.cos.unsqueeze(1) + x.roll(x.shape[-1] // 2, dims=-1) * self.sin.unsqueeze(1)

@@ -21,7 +21,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "cpu" / "paged_attention.cpp"]
+SOURCES = [
+    Path(__file__).parent / "cpu" / name
+    for name in ("paged_attention.cpp", "linear.cpp", "layer_ops.cpp")
+]
 DISABLE_ENV = "PDSERVE_NATIVE_KERNELS"
 NAME = "pdserve_cpu_kernels"
 # -march levels by torch's CPU capability: the instructions the compiler may use.
@@ -117,6 +120,39 @@ def write_kv(
     """``torch_attention.write_kv`` in one pass (slot_mapping: int64, < 0 = skip)."""
     dtype = kv_cache.dtype
     torch.ops.pdserve.write_kv(key.to(dtype), value.to(dtype), kv_cache, slot_mapping)
+
+
+# Rows of x the small-product kernel takes (kMaxRows in cpu/linear.cpp).
+SMALL_LINEAR_MAX_ROWS = 4
+
+
+def serves(x: torch.Tensor) -> bool:
+    """Whether the native layer ops (``small_linear``, ``add_rms_norm_``, ``silu_and_mul``,
+    ``rope_``) take ``x``: fp32 on the CPU, with the kernels built."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and available()
+
+
+def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x of 1 to ``SMALL_LINEAR_MAX_ROWS`` rows, weight a
+    contiguous [out, in]."""
+    return torch.ops.pdserve.small_linear(x, weight, bias)
+
+
+def add_rms_norm_(
+    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """``residual += x``, then returns the RMSNorm of ``residual`` times ``weight``."""
+    return torch.ops.pdserve.add_rms_norm_(residual, x, weight, eps)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` over [T, 2I] holding gate then up: [T, I]."""
+    return torch.ops.pdserve.silu_and_mul(gate_up)
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> None:
+    """Rotates the first ``heads`` heads of x [T, H, D] in place (``rope.RopeTables``)."""
+    torch.ops.pdserve.rope_(x, cos, sin, heads)
 
 
 def decode_attention(

@@ -1,9 +1,10 @@
-"""Linear: oneDNN's packed product equals MKL's plain one; the loader packs where it helps; bf16
-without the CPU's bf16 instructions is a warning at load."""
+"""Linear: oneDNN's packed product and the native few-row one equal MKL's; each serves its row
+counts; the loader packs fp32 weights; bf16 without the CPU's bf16 instructions is a warning at
+load."""
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -12,57 +13,80 @@ from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.linear import Linear, native_bf16_products, onednn_packing_helps
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.loader import load_model
+from pdserve.kernels import native
 
 # Products of 256 terms in another summation order: a few ulps of outputs of magnitude ~16.
 PACKED_ATOL = 1e-4
 
 
+def _linear(in_features: int, out_features: int, bias: bool, seed: int) -> Linear:
+    torch.manual_seed(seed)
+    linear = Linear(in_features, out_features, bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_features, in_features))
+        if bias:
+            linear.bias.copy_(torch.randn(out_features))
+    return linear
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 64])
 def test_packed_product_equals_plain(bias: bool, rows: int) -> None:
-    torch.manual_seed(rows)
-    linear = Linear(256, 384, bias)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(384, 256))
-        if bias:
-            linear.bias.copy_(torch.randn(384))
+    linear = _linear(256, 384, bias, seed=rows)
     x = torch.randn(rows, 256)
-    with torch.inference_mode():
+    with native.disabled(), torch.inference_mode():
         plain = linear(x)
-        linear.pack(keep_weight=False)
+        linear.pack()
         packed = linear(x)
-    assert linear.weight is None and linear.packed_weight is not None
+    assert linear.packed_weight is not None
     assert packed.shape == (rows, 384)
     torch.testing.assert_close(packed, plain, rtol=0, atol=PACKED_ATOL)
 
 
-def test_pack_keeps_a_tied_weight() -> None:
-    linear = Linear(64, 32, bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(32, 64))
-    weight = linear.weight
-    linear.pack(keep_weight=True)
-    assert linear.weight is weight
-
-
-def test_loader_packs_on_more_than_one_thread_only(
-    tiny_model_dir: Path, torch_threads: Callable[[int], None]
+# Sizes off the kernel's tiles: a row count between its 4-row tiles, a last chunk of 1 row, an
+# `in` that is not a multiple of 16 lanes.
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize(("in_features", "out_features"), [(256, 384), (70, 513)])
+def test_native_small_product_equals_mkl(
+    native_ops: ModuleType, bias: bool, rows: int, in_features: int, out_features: int
 ) -> None:
+    linear = _linear(in_features, out_features, bias, seed=rows)
+    x = torch.randn(rows, in_features)
+    with torch.inference_mode():
+        out = native_ops.small_linear(x, linear.weight, linear.bias)
+        expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
+    torch.testing.assert_close(out, expected, rtol=0, atol=PACKED_ATOL)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5])
+def test_few_rows_read_the_plain_weight_more_the_packed_one(
+    native_ops: ModuleType, rows: int
+) -> None:
+    # The plain weight is zeroed after packing, to see which serves: up to 4 rows the native
+    # kernel over the plain weight, more rows oneDNN over the packed copy.
+    linear = _linear(64, 96, bias=False, seed=0)
+    linear.pack()
+    with torch.no_grad():
+        linear.weight.zero_()
+    with torch.inference_mode():
+        out = linear(torch.randn(rows, 64))
+    few = rows <= native_ops.SMALL_LINEAR_MAX_ROWS
+    assert out.abs().sum() == 0 if few else out.abs().sum() > 0
+
+
+def test_loader_packs_fp32_weights_and_keeps_the_plain_ones(tiny_model_dir: Path) -> None:
     config = ModelConfig.from_pretrained(tiny_model_dir)
     cpu = torch.device("cpu")
-    torch_threads(1)
-    assert not onednn_packing_helps(torch.float32, cpu)
-    plain = load_model(tiny_model_dir, config, torch.float32, cpu)
-    assert all(m.packed_weight is None for m in plain.modules() if isinstance(m, Linear))
-    torch_threads(2)
     assert onednn_packing_helps(torch.float32, cpu)
     assert not onednn_packing_helps(torch.bfloat16, cpu)
     packed = load_model(tiny_model_dir, config, torch.float32, cpu)
     linears = [m for m in packed.modules() if isinstance(m, Linear)]
-    assert all(m.packed_weight is not None for m in linears)
-    # The tiny preset ties its head: the embedding keeps the table, every other weight is freed.
+    assert all(m.packed_weight is not None and m.weight is not None for m in linears)
+    # The tiny preset ties its head: its plain weight is the embedding table itself.
     assert packed.lm_head.weight is packed.model.embed_tokens.weight
-    assert all(m.weight is None for m in linears if m is not packed.lm_head)
+    plain = load_model(tiny_model_dir, config, torch.bfloat16, cpu)
+    assert all(m.packed_weight is None for m in plain.modules() if isinstance(m, Linear))
 
 
 @pytest.mark.parametrize("native", [False, True])

@@ -2,8 +2,8 @@
 
 For 8 prompts of lengths 1..300 run as one batch: the last prompt position's logits match
 transformers to 1e-4 and 32 greedy tokens equal ``generate(do_sample=False)`` token for token.
-On more than one thread the engine's linears run packed in oneDNN; one test runs the engine on one
-thread, MKL's plain products, to keep that path equal too.
+The engine's fp32 linears run oneDNN over packed weights for the batch, the native few-row product
+for prompts run alone; one test runs the engine on one thread, to keep that path equal too.
 """
 
 import shutil
@@ -148,9 +148,7 @@ def test_greedy_tokens_equal_transformers(
         {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
     )
     llm = LLM(model=model_dir, **args)
-    assert (llm.engine.runner.model.lm_head.packed_weight is not None) == (
-        torch.get_num_threads() > 1
-    )
+    assert llm.engine.runner.model.lm_head.packed_weight is not None
     _assert_greedy_equal(llm, hf_greedy)
     pool = llm.engine.block_pool
     assert pool.num_free_blocks == pool.num_blocks
@@ -161,8 +159,19 @@ def test_greedy_tokens_equal_transformers_on_one_thread(
 ) -> None:
     torch_threads(1)
     llm = LLM(model=model_dir)
-    assert llm.engine.runner.model.lm_head.packed_weight is None
     _assert_greedy_equal(llm, hf_greedy)
+
+
+def test_greedy_tokens_equal_transformers_alone(
+    model_dir: Path, hf_greedy: list[list[int]]
+) -> None:
+    # Each prompt on its own: steps of one row, which the native few-row product serves.
+    llm = LLM(model=model_dir)
+    prompts = _prompts(llm.engine.model_config.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
+    for prompt, expected in zip(prompts, hf_greedy, strict=True):
+        [output] = llm.generate([prompt], params)
+        assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
 
 
 def _assert_greedy_equal(llm: LLM, hf_greedy: list[list[int]]) -> None:

@@ -1,0 +1,57 @@
+"""The native layer ops (kernels/cpu/layer_ops.cpp) against the PyTorch code they replace in
+engine/, and the model's dispatch to them."""
+
+from types import ModuleType
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from pdserve.engine.model import RMSNorm
+from pdserve.engine.rope import RopeTables
+from pdserve.kernels import native
+
+# One ulp or so of values of magnitude ~1-10: a reduction in another order, another exp.
+ATOL = 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_add_rms_norm_equals_add_then_norm(native_ops: ModuleType, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    residual, x = torch.randn(2, rows, 576, generator=g).unbind(0)
+    norm = RMSNorm(576, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(576, generator=g) + 0.5)
+    total = residual + x
+    expected = F.rms_norm(total, (576,), norm.weight, 1e-5)
+    with torch.inference_mode():
+        out = native_ops.add_rms_norm_(residual, x, norm.weight, 1e-5)
+    assert torch.equal(residual, total)  # the residual stream moved on, in place
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+def test_silu_and_mul_equals_torch(native_ops: ModuleType, rows: int) -> None:
+    # Gates far out on both sides too, where exp over- or underflows.
+    gate_up = torch.randn(rows, 2 * 1536, generator=torch.Generator().manual_seed(0)) * 4
+    gate_up[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 200.0])
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = native_ops.silu_and_mul(gate_up)
+    torch.testing.assert_close(out, F.silu(gate) * up, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("tokens", [4, 40])  # on the calling thread, and shared among threads
+def test_rope_in_place_rounds_as_transformers(native_ops: ModuleType, tokens: int) -> None:
+    # 9 query + 3 key heads rotated, 3 value heads left alone, as in SmolLM2's fused qkv output.
+    g = torch.Generator().manual_seed(0)
+    heads = torch.randn(tokens, 15, 64, generator=g)
+    angles = torch.rand(tokens, 32, generator=g) * 100
+    cos, sin = angles.cos(), angles.sin()
+    tables = RopeTables(torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1))
+    with native.disabled():
+        expected = tables.rotate(heads, 12)  # the PyTorch path, HF's formula
+    values = heads[:, 12:].clone()
+    rotated = tables.rotate(heads, 12)
+    assert rotated.data_ptr() == heads.data_ptr()  # in place, in the fused output
+    assert torch.equal(rotated, expected)  # bitwise: no fused multiply-add
+    assert torch.equal(heads[:, 12:], values)
