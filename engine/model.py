@@ -126,6 +126,38 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.config = config
+        self._decode_weights: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def _native_decode(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether the native op runs the layers: a step of a few decodes, in fp32 on the CPU.
+        It runs the same native ops as the layers' Python would, in one call (no GIL hand-offs
+        between ops, no interpreter time)."""
+        return (
+            x.shape[0] <= native.SMALL_LINEAR_MAX_ROWS
+            and meta.num_decodes == meta.num_seqs
+            and native.serves(x)
+        )
+
+    def _layer_weights(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each layer's weights in ``native.decode_layers``' order, and its qkv biases, if any;
+        gathered once (the loader copies into the parameters, it never replaces them)."""
+        if self._decode_weights is None:
+            weights, biases = [], []
+            for layer in self.layers:
+                attention, mlp = layer.self_attn, layer.mlp
+                weights += [
+                    layer.input_layernorm.weight,
+                    attention.qkv_proj.weight,
+                    attention.o_proj.weight,
+                    layer.post_attention_layernorm.weight,
+                    mlp.gate_up_proj.weight,
+                    mlp.down_proj.weight,
+                ]
+                if attention.qkv_proj.bias is not None:
+                    biases.append(attention.qkv_proj.bias)
+            self._decode_weights = (weights, biases)
+        return self._decode_weights
 
     def forward(
         self,
@@ -138,8 +170,20 @@ class LlamaModel(nn.Module):
         # input_ids, positions: [T]; kv_cache: [num_blocks, num_layers, 2, block, Hkv, D]
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rope.lookup(positions)
-        for i, layer in enumerate(self.layers):
-            x, residual = layer(rope, x, residual, kv_cache[:, i], meta)
+        if self._native_decode(x, meta):
+            x, residual = native.decode_layers(
+                x,
+                *self._layer_weights(),
+                kv_cache,
+                (meta.slot_mapping, meta.block_tables, meta.seq_lens),
+                (rope.cos, rope.sin),
+                (self.config.num_attention_heads, self.config.num_key_value_heads),
+                self.config.rms_norm_eps,
+                self.config.head_dim**-0.5,
+            )
+        else:
+            for i, layer in enumerate(self.layers):
+                x, residual = layer(rope, x, residual, kv_cache[:, i], meta)
         if logits_indices is not None:  # the final norm is per token: only sampled ones need it
             x, residual = x[logits_indices], residual[logits_indices]
         return self.norm.add_and_norm(x, residual)[0]  # [len(logits_indices) or T, hidden]

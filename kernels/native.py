@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).parent / "cpu" / name
-    for name in ("paged_attention.cpp", "linear.cpp", "layer_ops.cpp")
+    for name in ("paged_attention.cpp", "linear.cpp", "layer_ops.cpp", "decode_layers.cpp")
 ]
 DISABLE_ENV = "PDSERVE_NATIVE_KERNELS"
 NAME = "pdserve_cpu_kernels"
@@ -153,6 +153,29 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> None:
     """Rotates the first ``heads`` heads of x [T, H, D] in place (``rope.RopeTables``)."""
     torch.ops.pdserve.rope_(x, cos, sin, heads)
+
+
+def decode_layers(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    qkv_biases: list[torch.Tensor],
+    kv_cache: torch.Tensor,
+    attention: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    rope: tuple[torch.Tensor, torch.Tensor],
+    heads: tuple[int, int],
+    eps: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every decoder layer of a step of up to ``SMALL_LINEAR_MAX_ROWS`` decodes (x: their
+    embeddings): (the last layer's output, the residual stream before it), as
+    ``engine/model.py``'s layers return them. ``weights``: per layer input_layernorm, qkv_proj,
+    o_proj, post_attention_layernorm, gate_up_proj, down_proj; ``qkv_biases``: one per layer or
+    none; kv_cache: every layer's [num_blocks, num_layers, 2, block, Hkv, D]; ``attention``:
+    (slot_mapping, block_tables, seq_lens); ``rope``: (cos, sin) [T, D]; ``heads``: (query
+    heads, KV heads)."""
+    return torch.ops.pdserve.decode_layers(
+        x, weights, qkv_biases, kv_cache, *attention, *rope, *heads, eps, scale
+    )
 
 
 def decode_attention(

@@ -13,8 +13,9 @@
 #include <cstdint>
 
 #include "fast_exp.h"
+#include "ops.h"
 
-namespace {
+namespace pdserve_cpu {
 
 constexpr int64_t kRowsPerTask = 16;  // fewer rows than this stay on the calling thread
 
@@ -117,7 +118,7 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t 
   });
 }
 
-}  // namespace
+}  // namespace pdserve_cpu
 
 TORCH_LIBRARY_FRAGMENT(pdserve, m) {
   m.def("add_rms_norm_(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor");
@@ -126,7 +127,7 @@ TORCH_LIBRARY_FRAGMENT(pdserve, m) {
 }
 
 TORCH_LIBRARY_IMPL(pdserve, CPU, m) {
-  m.impl("add_rms_norm_", &add_rms_norm_);
-  m.impl("silu_and_mul", &silu_and_mul);
-  m.impl("rope_", &rope_);
+  m.impl("add_rms_norm_", &pdserve_cpu::add_rms_norm_);
+  m.impl("silu_and_mul", &pdserve_cpu::silu_and_mul);
+  m.impl("rope_", &pdserve_cpu::rope_);
 }

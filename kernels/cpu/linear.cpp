@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstring>
 
-namespace {
+#include "ops.h"
+
+namespace pdserve_cpu {
 
 // x's rows a call takes, each one accumulator per row of W in a tile: past 4 rows oneDNN's packed
 // product is as fast (docs/benchmarks.md, "Measurements behind the code's choices").
@@ -113,10 +115,10 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
   return y;
 }
 
-}  // namespace
+}  // namespace pdserve_cpu
 
 TORCH_LIBRARY_FRAGMENT(pdserve, m) {
   m.def("small_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(pdserve, CPU, m) { m.impl("small_linear", &small_linear); }
+TORCH_LIBRARY_IMPL(pdserve, CPU, m) { m.impl("small_linear", &pdserve_cpu::small_linear); }

@@ -21,8 +21,9 @@
 #include <vector>
 
 #include "fast_exp.h"
+#include "ops.h"
 
-namespace {
+namespace pdserve_cpu {
 
 // Two independent 8-lane partial sums (one accumulator would chain every multiply-add on the
 // last one's latency), summed as a tree: a serial sum of the lanes would cost more than the
@@ -264,7 +265,7 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
   });
 }
 
-}  // namespace
+}  // namespace pdserve_cpu
 
 TORCH_LIBRARY(pdserve, m) {
   m.def("decode_attention(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
@@ -273,6 +274,6 @@ TORCH_LIBRARY(pdserve, m) {
 }
 
 TORCH_LIBRARY_IMPL(pdserve, CPU, m) {
-  m.impl("decode_attention", &decode_attention);
-  m.impl("write_kv", &write_kv);
+  m.impl("decode_attention", &pdserve_cpu::decode_attention);
+  m.impl("write_kv", &pdserve_cpu::write_kv);
 }

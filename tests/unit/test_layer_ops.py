@@ -1,14 +1,18 @@
 """The native layer ops (kernels/cpu/layer_ops.cpp) against the PyTorch code they replace in
-engine/, and the model's dispatch to them."""
+engine/, and the one native call for every layer of a few decodes (decode_layers.cpp) against
+the layers' Python."""
 
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+from pdserve.engine.llm import LLM
 from pdserve.engine.model import RMSNorm
 from pdserve.engine.rope import RopeTables
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kernels import native
 
 # One ulp or so of values of magnitude ~1-10: a reduction in another order, another exp.
@@ -55,3 +59,30 @@ def test_rope_in_place_rounds_as_transformers(native_ops: ModuleType, tokens: in
     assert rotated.data_ptr() == heads.data_ptr()  # in place, in the fused output
     assert torch.equal(rotated, expected)  # bitwise: no fused multiply-add
     assert torch.equal(heads[:, 12:], values)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_native_decode_layers_equal_the_python_layers(
+    native_ops: ModuleType, tiny_model_dir: Path, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One decode step run twice on the same cache (writing K/V again writes the same values):
+    # through the one native call, then through the layers' Python; the same ops, the same bits.
+    engine = LLM(model=tiny_model_dir).engine
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    for i in range(batch):
+        engine.add_request(f"r{i}", list(range(10 + i, 40 + 2 * i)), params)
+    engine.step()  # the prefills
+    step = engine.scheduler.schedule()
+    model = engine.runner.model.model
+    calls = []
+    native_decode = model._native_decode
+    monkeypatch.setattr(
+        model, "_native_decode", lambda *a: calls.append(native_decode(*a)) or calls[-1]
+    )
+    _, fused = engine.runner.execute(step)
+    monkeypatch.setattr(model, "_native_decode", lambda *a: False)
+    _, layered = engine.runner.execute(step)
+    assert calls == [True]
+    assert torch.equal(fused, layered)
+    for i in range(batch):
+        engine.abort_request(f"r{i}")
