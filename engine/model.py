@@ -35,8 +35,8 @@ class RMSNorm(nn.Module):
     def add_and_norm(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(residual + x), residual + x): the residual stream's sum and the next block's
-        input, in one native op where it serves (which updates ``residual`` in place)."""
+        """(norm(residual + x), residual + x): the next block's input and the residual stream's
+        sum, in one native op where it serves (which updates ``residual`` in place)."""
         if native.serves(x) and residual.is_contiguous():
             return native.add_rms_norm_(residual, x, self.weight, self.eps), residual
         residual = residual + x
