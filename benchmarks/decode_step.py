@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from pdserve.engine.checkpoint_format import HF_CONFIG_FILE, gguf_file
+from pdserve.engine.config import QUANTIZATIONS
 from pdserve.engine.linear import Linear
 from pdserve.engine.llm import LLM
 from pdserve.engine.model import LlamaForCausalLM
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="the engine's weights")
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="list a step's top N ops"
     )
@@ -56,15 +58,15 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
 
 
 def weight_bytes_read(model: LlamaForCausalLM) -> int:
-    """Bytes of the weights one decode step reads: every linear (the head included, tied or not)
-    and norm; the embedding lookup reads one row. Counted from shapes, as packed linears hold
-    their weight outside the parameters."""
+    """Bytes of the weights one decode step reads: every linear (the head included, tied or not;
+    an int8 one with its scales) and norm; the embedding lookup reads one row. Counted from the
+    plain weights, as packed linears hold a second copy outside the parameters."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     norms = [p for name, p in model.named_parameters() if name.endswith("norm.weight")]
-    itemsize = model.model.embed_tokens.weight.element_size()
-    return itemsize * (
-        sum(m.in_features * m.out_features for m in linears) + sum(p.numel() for p in norms)
+    products = sum(
+        m.weight.nbytes + (m.scales.nbytes if m.scales is not None else 0) for m in linears
     )
+    return products + sum(p.nbytes for p in norms)
 
 
 @torch.inference_mode()
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         from pdserve.cluster.make_model import make_model
 
         make_model(args.preset, args.model)
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization)
     model = llm.engine.runner.model
     weight_bytes = weight_bytes_read(model)
     bandwidth = copy_bandwidth()
@@ -171,13 +173,14 @@ def run(args: argparse.Namespace) -> int:
     ).eval()
     vocab = llm.engine.model_config.vocab_size
     print(
-        f"model {args.model} ({weight_bytes / 1e6:.0f} MB of weights read per step, {args.dtype}), "
+        f"model {args.model} ({weight_bytes / 1e6:.0f} MB of weights read per step, {args.dtype}"
+        f"{', ' + args.quantization + ' weights' if args.quantization else ''}), "
         f"{args.threads} threads, prompt {PROMPT_LEN} tokens, median of {args.steps} steps"
     )
     print(f"CPU: {native.describe_cpu()}")
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s -> bound {bound * 1e3:.1f} ms per step")
     row = torch.empty(1, 1, dtype=model.model.embed_tokens.weight.dtype)
-    ours_name = "native few-row kernel" if native.serves(row) else "PyTorch's"
+    ours_name = "native kernel" if native.serves(row) else "PyTorch's"
     for name, seconds in (
         ("nn.Linear, [out, in] (MKL gemv)", mkl_gemv),
         (f"ours, {ours_name}", ours_gemv),

@@ -13,15 +13,17 @@ import types
 import typing
 from typing import Any
 
-from pdserve.engine.config import DTYPES, EngineConfig
+from pdserve.engine.config import DTYPES, QUANTIZATIONS, EngineConfig
 
 # Fields that are no flag: the checkpoint is the command's own argument.
 NOT_FLAGS = frozenset({"model"})
 # A field whose values are a fixed set its annotation does not spell (a plain ``str``).
-CHOICES = {"dtype": DTYPES}
+CHOICES = {"dtype": DTYPES, "quantization": QUANTIZATIONS}
 HELP = {
     "dtype": "weights and KV cache",
     "device": "cpu, or cuda (Triton attention)",
+    "quantization": "int8: the linear layers' weights as llama.cpp's Q8_0 (a scale per 32), "
+    "on the CPU in float32",
     "block_size": "tokens per KV block",
     "kv_cache_memory_bytes": "KV cache budget per replica; the block count is derived from it",
     "num_kv_blocks": "KV blocks per replica, overriding the budget (default: from the budget)",

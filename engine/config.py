@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # the router reads these configs and imports no torch
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 SUPPORTED_ROPE_SCALING = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
+QUANTIZATIONS = ("int8",)  # weight-only, of the linear layers (engine/quantization.py)
 DEFAULT_KV_CACHE_MEMORY_BYTES = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 256
@@ -171,6 +172,7 @@ class EngineConfig:
     model: str
     dtype: str = "float32"
     device: str = "cpu"
+    quantization: str | None = None  # one of QUANTIZATIONS; None: the weights as dtype
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes when set
@@ -190,6 +192,17 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization is not None:
+            if self.quantization not in QUANTIZATIONS:
+                raise ValueError(
+                    f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                    f"got {self.quantization!r}"
+                )
+            if self.device != "cpu" or self.dtype != "float32":
+                raise ValueError(
+                    f"quantization {self.quantization} runs on the CPU in float32, "
+                    f"got device {self.device!r}, dtype {self.dtype!r}"
+                )
         for name in (
             "block_size",
             "kv_cache_memory_bytes",

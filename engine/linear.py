@@ -1,10 +1,11 @@
 """A linear layer for CPU decoding: a native kernel for a few rows, oneDNN over a packed weight
-for more."""
+for more; or int8 weights (``--quantization int8``) in the native kernel for every row count."""
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pdserve.engine.quantization import dequantize_q8_0, quantizable, quantize_q8_0
 from pdserve.kernels import native
 
 
@@ -27,12 +28,16 @@ class Linear(nn.Module):
 
     - a few rows (a decode step of up to ``SMALL_LINEAR_MAX_ROWS`` sequences) go to the native
       kernel (``kernels/cpu/linear.cpp``), which streams W's rows in chunks the threads take as
-      they free up: as fast as MKL's matrix-vector product, and a preempted thread (the server's
-      other processes share the cores) delays one chunk instead of half of every product;
-    - more rows go to oneDNN over the weight ``pack`` copied into its blocked layout after
-      loading (what inductor does for CPU linears), faster than MKL at the 5-64 rows of a decode
-      step. The plain weight stays for the few-row products (and an embedding tied to it): the
-      memory of a second copy buys the small-batch step its speed.
+      they free up: as fast as MKL's matrix-vector product at one row and oneDNN's at 16, and a
+      preempted thread (the server's other processes share the cores) delays one chunk instead
+      of half of every product;
+    - more rows (prompts, big decode steps) go to oneDNN over the weight ``pack`` copied into its
+      blocked layout after loading (what inductor does for CPU linears), faster than MKL. The
+      plain weight stays for the native products (and an embedding tied to it): the memory of a
+      second copy buys the decode step its speed.
+
+    Or, after ``quantize``, W as llama.cpp's Q8_0 blocks (``engine/quantization.py``) in the
+    native kernel for any number of rows, its fp32 copy dropped.
 
     The figures behind each choice: docs/benchmarks.md, "Measurements behind the code's choices".
     """
@@ -44,15 +49,33 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: torch.Tensor | None = None  # oneDNN's opaque layout, once packed
+        self.scales: torch.Tensor | None = None  # once quantized: the weight is int8 beside them
 
     def pack(self) -> None:
         """Copies the weight into oneDNN's packed layout, for products of many rows."""
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
+    @property
+    def quantized(self) -> bool:
+        return self.scales is not None
+
+    def quantize(self) -> bool:
+        """Replaces the weight by its Q8_0 values (int8, [out, in]) and keeps their scales;
+        whether it could (rows of whole blocks). An embedding tied to the weight keeps it."""
+        if not quantizable(self.weight):
+            return False
+        q, self.scales = quantize_q8_0(self.weight)
+        self.weight = nn.Parameter(q, requires_grad=False)
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out]
+        if self.quantized:
+            if native.serves(x):
+                return native.linear(x, self.weight, self.scales, self.bias)
+            return F.linear(x, dequantize_q8_0(self.weight, self.scales).to(x.dtype), self.bias)
         if x.shape[0] <= native.SMALL_LINEAR_MAX_ROWS and native.serves(x):
-            return native.small_linear(x, self.weight, self.bias)
+            return native.linear(x, self.weight, None, self.bias)
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.packed_weight, self.bias, "none", [], ""

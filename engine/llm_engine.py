@@ -50,7 +50,9 @@ class LLMEngine:
         self.max_model_len = config.effective_max_model_len(self.model_config)
         self.tokenizer = Tokenizer.from_pretrained(config.model)
         self.device = torch.device(config.device)
-        model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
+        model = load_model(
+            config.model, self.model_config, config.torch_dtype, self.device, config.quantization
+        )
         num_blocks = num_kv_blocks(self.model_config, config)
         self.kv_cache = allocate_kv_cache(self.model_config, config, num_blocks)
         self.block_pool = BlockPool(num_blocks, config.enable_prefix_caching, kv_events)
@@ -69,9 +71,10 @@ class LLMEngine:
                 "(--dtype float32 serves faster here)"
             )
         logger.info(
-            "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d",
+            "engine ready: %s, %s%s, %d KV blocks of %d tokens, max_model_len %d",
             config.model,
             config.dtype,
+            f", {config.quantization} weights" if config.quantization else "",
             num_blocks,
             config.block_size,
             self.max_model_len,

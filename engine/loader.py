@@ -41,10 +41,15 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 def load_model(
-    path: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    path: str | Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
-    """Builds the model without initialising weights, then copies every tensor from the files
-    (and packs the linear weights for oneDNN where that is faster, see ``onednn_packing_helps``)."""
+    """Builds the model without initialising weights, then copies every tensor from the files;
+    quantizes the linear weights (``quantization``: "int8" or None), and packs those left in fp32
+    for oneDNN where that is faster (see ``onednn_packing_helps``)."""
     path = Path(path)
     total_bytes, tensors = _checkpoint_tensors(path, config)
     # Built on the device from uninitialised tensors (no module here initialises at random), not on
@@ -69,6 +74,10 @@ def load_model(
     missing = _expected_pieces(params, config) - loaded
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights: {', '.join(sorted(missing))}")
+    if quantization is not None:
+        left = model.quantize_linear_weights()
+        if left:
+            logger.warning("left in %s (rows not of whole Q8_0 blocks): %s", dtype, ", ".join(left))
     if onednn_packing_helps(dtype, device):
         model.pack_linear_weights()
     return model.eval()

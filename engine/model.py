@@ -4,6 +4,8 @@ q/k/v and gate/up projections are fused into one matmul each (the loader stacks 
 weights), which saves a kernel launch per projection in every decode step.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -116,6 +118,22 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+@dataclass(frozen=True)
+class DecodeWeights:
+    """``native.decode_layers``' weights: per layer input_layernorm, qkv_proj, o_proj,
+    post_attention_layernorm, gate_up_proj, down_proj; the int8 products' scales (none for fp32
+    weights); the qkv biases, if any. ``mixed``: some products int8 and some not (rows that do
+    not split into Q8_0 blocks), which the native op does not take."""
+
+    weights: list[torch.Tensor]
+    scales: list[torch.Tensor]
+    biases: list[torch.Tensor]
+    mixed: bool
+
+    def arguments(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        return self.weights, self.scales, self.biases
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -127,25 +145,31 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.config = config
-        self._decode_weights: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._decode_weights: DecodeWeights | None = None
 
     def _native_decode(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """Whether the native op runs the layers: a step of a few decodes, in fp32 on the CPU.
-        It runs the same native ops as the layers' Python would, in one call (no GIL hand-offs
-        between ops, no interpreter time)."""
-        return (
-            x.shape[0] <= native.SMALL_LINEAR_MAX_ROWS
-            and meta.num_decodes == meta.num_seqs
-            and native.serves(x)
-        )
+        """Whether the native op runs the layers: a step of decodes only, in fp32 on the CPU, of
+        a few sequences (or any number over int8 weights: their products are native at every
+        size). It runs the same native ops as the layers' Python would, in one call (no GIL
+        hand-offs between ops, no interpreter time)."""
+        if meta.num_decodes != meta.num_seqs or not native.serves(x):
+            return False
+        weights = self._layer_weights()
+        if weights.mixed:
+            return False
+        return x.shape[0] <= native.SMALL_LINEAR_MAX_ROWS or bool(weights.scales)
 
-    def _layer_weights(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each layer's weights in ``native.decode_layers``' order, and its qkv biases, if any;
-        gathered once (the loader copies into the parameters, it never replaces them)."""
+    def _layer_weights(self) -> DecodeWeights:
+        """The layers' weights for ``native.decode_layers``, gathered once (the loader copies
+        into the parameters, and quantizes, before the first step)."""
         if self._decode_weights is None:
-            weights, biases = [], []
+            weights: list[torch.Tensor] = []
+            scales: list[torch.Tensor] = []
+            biases: list[torch.Tensor] = []
+            quantized = []
             for layer in self.layers:
                 attention, mlp = layer.self_attn, layer.mlp
+                products = [attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj]
                 weights += [
                     layer.input_layernorm.weight,
                     attention.qkv_proj.weight,
@@ -154,9 +178,12 @@ class LlamaModel(nn.Module):
                     mlp.gate_up_proj.weight,
                     mlp.down_proj.weight,
                 ]
+                quantized += [p.quantized for p in products]
+                scales += [p.scales for p in products if p.scales is not None]
                 if attention.qkv_proj.bias is not None:
                     biases.append(attention.qkv_proj.bias)
-            self._decode_weights = (weights, biases)
+            mixed = any(quantized) and not all(quantized)
+            self._decode_weights = DecodeWeights(weights, scales, biases, mixed)
         return self._decode_weights
 
     def forward(
@@ -173,7 +200,7 @@ class LlamaModel(nn.Module):
         if self._native_decode(x, meta):
             x, residual = native.decode_layers(
                 x,
-                *self._layer_weights(),
+                *self._layer_weights().arguments(),
                 kv_cache,
                 (meta.slot_mapping, meta.block_tables, meta.seq_lens),
                 (rope.cos, rope.sin),
@@ -202,10 +229,19 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def pack_linear_weights(self) -> None:
-        """Copies every linear's weight into oneDNN's layout (see ``Linear.pack``)."""
+        """Copies every fp32 linear's weight into oneDNN's layout (see ``Linear.pack``)."""
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, Linear) and not module.quantized:
                 module.pack()
+
+    def quantize_linear_weights(self) -> list[str]:
+        """Every linear's weight (the LM head's too) as int8 Q8_0 blocks (``Linear.quantize``);
+        the names of those whose rows do not split into blocks, left as they were."""
+        return [
+            name
+            for name, module in self.named_modules()
+            if isinstance(module, Linear) and not module.quantize()
+        ]
 
     @torch.inference_mode()
     def forward(

@@ -122,20 +122,23 @@ def write_kv(
     torch.ops.pdserve.write_kv(key.to(dtype), value.to(dtype), kv_cache, slot_mapping)
 
 
-# Rows of x the small-product kernel takes (kMaxRows in cpu/linear.cpp).
-SMALL_LINEAR_MAX_ROWS = 4
+# Rows of x up to which the native product of fp32 weights serves (engine/linear.py): as fast as
+# oneDNN's packed one up to 16, and a decode step of that many then runs in one native call.
+SMALL_LINEAR_MAX_ROWS = 16
 
 
 def serves(x: torch.Tensor) -> bool:
-    """Whether the native layer ops (``small_linear``, ``add_rms_norm_``, ``silu_and_mul``,
-    ``rope_``) take ``x``: fp32 on the CPU, with the kernels built."""
+    """Whether the native layer ops (``linear``, ``add_rms_norm_``, ``silu_and_mul``, ``rope_``)
+    take ``x``: fp32 on the CPU, with the kernels built."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and available()
 
 
-def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for x of 1 to ``SMALL_LINEAR_MAX_ROWS`` rows, weight a
-    contiguous [out, in]."""
-    return torch.ops.pdserve.small_linear(x, weight, bias)
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear(x, W, bias)``, W a contiguous [out, in]: ``weight`` in fp32, or int8 Q8_0
+    values with their ``scales`` [out, in / 32] (``engine/quantization.py``)."""
+    return torch.ops.pdserve.linear(x, weight, scales, bias)
 
 
 def add_rms_norm_(
@@ -158,6 +161,7 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> 
 def decode_layers(
     x: torch.Tensor,
     weights: list[torch.Tensor],
+    scales: list[torch.Tensor],
     qkv_biases: list[torch.Tensor],
     kv_cache: torch.Tensor,
     attention: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -166,15 +170,15 @@ def decode_layers(
     eps: float,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every decoder layer of a step of up to ``SMALL_LINEAR_MAX_ROWS`` decodes (x: their
-    embeddings): (the last layer's output, the residual stream before it), as
-    ``engine/model.py``'s layers return them. ``weights``: per layer input_layernorm, qkv_proj,
-    o_proj, post_attention_layernorm, gate_up_proj, down_proj; ``qkv_biases``: one per layer or
-    none; kv_cache: every layer's [num_blocks, num_layers, 2, block, Hkv, D]; ``attention``:
-    (slot_mapping, block_tables, seq_lens); ``rope``: (cos, sin) [T, D]; ``heads``: (query
-    heads, KV heads)."""
+    """Every decoder layer of a step of decodes (x: their embeddings): (the last layer's output,
+    the residual stream before it), as ``engine/model.py``'s layers return them. ``weights``:
+    per layer input_layernorm, qkv_proj, o_proj, post_attention_layernorm, gate_up_proj,
+    down_proj; ``scales``: none (fp32 products), or per layer those of the int8 qkv_proj, o_proj,
+    gate_up_proj and down_proj; ``qkv_biases``: one per layer or none; kv_cache: every layer's
+    [num_blocks, num_layers, 2, block, Hkv, D]; ``attention``: (slot_mapping, block_tables,
+    seq_lens); ``rope``: (cos, sin) [T, D]; ``heads``: (query heads, KV heads)."""
     return torch.ops.pdserve.decode_layers(
-        x, weights, qkv_biases, kv_cache, *attention, *rope, *heads, eps, scale
+        x, weights, scales, qkv_biases, kv_cache, *attention, *rope, *heads, eps, scale
     )
 
 

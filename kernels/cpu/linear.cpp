@@ -1,8 +1,12 @@
-// y = x W^T (+ b) for the few rows of a small decode step, over W in its checkpoint layout
-// [out, in]: each thread streams whole rows of W, and the rows go out in chunks taken as threads
-// free up, so a thread the OS preempts (2 cores shared with the server's other processes) holds
-// up one chunk, not half of every product. Bandwidth-bound: each row of W is read once for all
-// of x's rows. fp32 only; more rows and other dtypes go to oneDNN or MKL (engine/linear.py).
+// y = x W^T (+ b) over W in its checkpoint layout [out, in], held in fp32 or as int8 with a scale
+// for each 32 weights of a row (llama.cpp's Q8_0 blocks, engine/quantization.py). W's rows go out
+// in chunks taken as threads free up, so a thread the OS preempts (2 cores shared with the
+// server's other processes) holds up one chunk, not half of every product. A chunk multiplies
+// x's rows 4 or 8 at a time while its rows of W stay in cache: W is read from memory once per
+// call. A few rows (a decode step) are bound by that read; many (a prompt) by the arithmetic,
+// where oneDNN is faster over fp32 weights (engine/linear.py chooses).
+
+#include <immintrin.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -17,15 +21,17 @@
 
 namespace pdserve_cpu {
 
-// x's rows a call takes, each one accumulator per row of W in a tile: past 4 rows oneDNN's packed
-// product is as fast (docs/benchmarks.md, "Measurements behind the code's choices").
-constexpr int64_t kMaxRows = 4;
-constexpr int64_t kChunkRows = 256;  // W rows a thread takes at a time
-constexpr int64_t kTileRows = 4;     // W rows multiplied together, their loads interleaved
-constexpr int64_t kPrefetchFloats = 256;  // how far ahead in a row of W its lines are asked for
+constexpr int64_t kFewChunk = 256;  // W rows a thread takes at a time, for one group of x rows
+constexpr int64_t kManyChunk = 64;  // ... for several groups: the chunk stays in L2 between them
+// How far ahead in W its lines are asked for, by weight type: int8 rows are short, and at 1024
+// bytes a 1-row product of SmolLM2's int8 weights took 1.3-1.5x as long (a standalone loop test).
+constexpr int64_t kF32PrefetchBytes = 1024;
+constexpr int64_t kQ8PrefetchBytes = 4096;
 
 // 16 floats: one AVX-512 register, or two AVX2 ones, as the build's -march allows.
 typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
 constexpr int64_t kLanes = 16;
 
 inline v16 load(const float* p) {
@@ -34,8 +40,24 @@ inline v16 load(const float* p) {
   return v;
 }
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
+// 16 int8 values as floats. By intrinsics: GCC 12 converts a vector of int8 one lane at a time.
+inline v16 int8_to_float(const int8_t* q) {
+  v16 v;
+#if defined(__AVX512F__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+  std::memcpy(&v, &f, sizeof(v));
+#elif defined(__AVX2__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+  std::memcpy(&v, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(lo), &hi, sizeof(hi));
+#else
+  for (int64_t i = 0; i < kLanes; ++i) v[i] = q[i];
+#endif
+  return v;
+}
 
 // The lanes summed as a tree of halves: a serial sum would cost more than a short row's products.
 inline float lane_sum(v16 v) {
@@ -50,9 +72,46 @@ inline float lane_sum(v16 v) {
   return (four[0] + four[2]) + (four[1] + four[3]);
 }
 
+// W's rows in fp32.
+struct F32Weights {
+  // x's rows multiplied together, one accumulator each per row of W: beside more, their loads
+  // outweigh the multiply-adds.
+  static constexpr int64_t kGroupRows = 4;
+  const float* w;
+  int64_t in;
+  v16 load16(int64_t o, int64_t i) const { return load(w + o * in + i); }
+  float at(int64_t o, int64_t i) const { return w[o * in + i]; }
+  // 16 floats are one cache line: each load asks for a line further on.
+  void prefetch(int64_t o, int64_t i) const {
+    const char* line = reinterpret_cast<const char*>(w + o * in + i);
+    __builtin_prefetch(line + kF32PrefetchBytes);
+  }
+};
+
+// W's rows as int8 with one scale per kQ8Block weights: 16 weights load as the exact floats
+// scale * q (a scale is a float16's value, 11 bits, times 8 bits of q: exact in fp32), so the
+// product is fp32's over the dequantized weight, read in under a third of the bytes.
+struct Q8Weights {
+  // Each 16 weights' conversion is shared by 8 of x's rows (at 4, 8-16 rows took twice as long).
+  static constexpr int64_t kGroupRows = 8;
+  const int8_t* q;
+  const float* scales;
+  int64_t in;
+  v16 load16(int64_t o, int64_t i) const {
+    return int8_to_float(q + o * in + i) * scales[o * (in / kQ8Block) + i / kQ8Block];
+  }
+  float at(int64_t o, int64_t i) const {
+    return static_cast<float>(q[o * in + i]) * scales[o * (in / kQ8Block) + i / kQ8Block];
+  }
+  // 16 int8 are a quarter line: every fourth load asks for a line further on.
+  void prefetch(int64_t o, int64_t i) const {
+    if (i % 64 == 0) __builtin_prefetch(q + o * in + i + kQ8PrefetchBytes);
+  }
+};
+
 // y[t, o + r] = x[t] . w[o + r] for r < R and t < T.
-template <int64_t R, int64_t T>
-inline void tile(const float* x, int64_t sx, const float* w, int64_t in, float* y, int64_t sy,
+template <int64_t R, int64_t T, typename W>
+inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
                  int64_t o) {
   v16 acc[R][T];
   for (int64_t r = 0; r < R; ++r)
@@ -62,55 +121,89 @@ inline void tile(const float* x, int64_t sx, const float* w, int64_t in, float* 
     v16 xv[T];
     for (int64_t t = 0; t < T; ++t) xv[t] = load(x + t * sx + i);
     for (int64_t r = 0; r < R; ++r) {
-      __builtin_prefetch(w + (o + r) * in + i + kPrefetchFloats);
-      const v16 wv = load(w + (o + r) * in + i);
+      w.prefetch(o + r, i);
+      const v16 wv = w.load16(o + r, i);
       for (int64_t t = 0; t < T; ++t) acc[r][t] += wv * xv[t];
     }
   }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t t = 0; t < T; ++t) {
       float s = lane_sum(acc[r][t]);
-      for (int64_t j = i; j < in; ++j) s += w[(o + r) * in + j] * x[t * sx + j];
+      for (int64_t j = i; j < in; ++j) s += w.at(o + r, j) * x[t * sx + j];
       y[t * sy + o + r] = s;
     }
 }
 
-template <int64_t T>
-void rows(const float* x, int64_t sx, const float* w, int64_t in, float* y, int64_t sy,
+// W rows multiplied together, their loads interleaved: 4, or 2 beside more than 4 of x's rows
+// (16 accumulators at most, of the 32 registers).
+template <int64_t T, typename W>
+void rows(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
           int64_t begin, int64_t end) {
+  constexpr int64_t R = T <= 4 ? 4 : 2;
   int64_t o = begin;
-  for (; o + kTileRows <= end; o += kTileRows) tile<kTileRows, T>(x, sx, w, in, y, sy, o);
+  for (; o + R <= end; o += R) tile<R, T>(x, sx, w, in, y, sy, o);
   for (; o < end; ++o) tile<1, T>(x, sx, w, in, y, sy, o);
 }
 
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
-                        const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) <= kMaxRows && x.stride(1) == 1,
-              "x: [rows <= ", kMaxRows, ", in], last dim contiguous");
+// x's rows [0, num_rows) times W's rows [begin, end), W::kGroupRows of x's rows at a time.
+template <typename W>
+void chunk_product(const float* x, int64_t sx, int64_t num_rows, const W& w, int64_t in,
+                   int64_t out, float* y, int64_t begin, int64_t end) {
+  for (int64_t t = 0; t < num_rows; t += W::kGroupRows) {
+    const float* xt = x + t * sx;
+    float* yt = y + t * out;
+    switch (std::min(W::kGroupRows, num_rows - t)) {
+      case 1: rows<1>(xt, sx, w, in, yt, out, begin, end); break;
+      case 2: rows<2>(xt, sx, w, in, yt, out, begin, end); break;
+      case 3: rows<3>(xt, sx, w, in, yt, out, begin, end); break;
+      case 4: rows<4>(xt, sx, w, in, yt, out, begin, end); break;
+      case 5: rows<5>(xt, sx, w, in, yt, out, begin, end); break;
+      case 6: rows<6>(xt, sx, w, in, yt, out, begin, end); break;
+      case 7: rows<7>(xt, sx, w, in, yt, out, begin, end); break;
+      default: rows<8>(xt, sx, w, in, yt, out, begin, end); break;
+    }
+  }
+}
+
+template <typename W>
+void product(const float* x, int64_t sx, int64_t num_rows, const W& w, int64_t in, int64_t out,
+             float* y) {
+  const int64_t chunk_rows = num_rows <= W::kGroupRows ? kFewChunk : kManyChunk;
+  const int64_t chunks = (out + chunk_rows - 1) / chunk_rows;
+  std::atomic<int64_t> next{0};
+  auto work = [&](int64_t, int64_t) {
+    for (int64_t chunk = next++; chunk < chunks; chunk = next++) {
+      const int64_t begin = chunk * chunk_rows, end = std::min(out, begin + chunk_rows);
+      chunk_product(x, sx, num_rows, w, in, out, y, begin, end);
+    }
+  };
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), chunks), 1, work);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                  const c10::optional<at::Tensor>& scales, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat,
+              "linear: x fp32 [rows, in], last dim contiguous");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == x.size(1),
-              "weight: contiguous [out, in]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "fp32 only");
+              "linear: weight contiguous [out, in]");
   const int64_t num_rows = x.size(0), in = x.size(1), out = weight.size(0);
   at::Tensor y = at::empty({num_rows, out}, x.options());
   if (num_rows == 0) return y;  // e.g. a step of prompt chunks none of which samples
   const float* xp = x.const_data_ptr<float>();
-  const float* wp = weight.const_data_ptr<float>();
   float* yp = y.mutable_data_ptr<float>();
-  const int64_t sx = x.stride(0);
-  const int64_t chunks = (out + kChunkRows - 1) / kChunkRows;
-  std::atomic<int64_t> next{0};
-  auto work = [&](int64_t, int64_t) {
-    for (int64_t chunk = next++; chunk < chunks; chunk = next++) {
-      const int64_t begin = chunk * kChunkRows, end = std::min(out, begin + kChunkRows);
-      switch (num_rows) {
-        case 1: rows<1>(xp, sx, wp, in, yp, out, begin, end); break;
-        case 2: rows<2>(xp, sx, wp, in, yp, out, begin, end); break;
-        case 3: rows<3>(xp, sx, wp, in, yp, out, begin, end); break;
-        default: rows<4>(xp, sx, wp, in, yp, out, begin, end); break;
-      }
-    }
-  };
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), chunks), 1, work);
+  if (scales.has_value()) {
+    TORCH_CHECK(weight.scalar_type() == at::kChar && in % kQ8Block == 0,
+                "linear: int8 weights need rows of a multiple of ", kQ8Block);
+    TORCH_CHECK(scales->is_contiguous() && scales->scalar_type() == at::kFloat &&
+                    scales->numel() == out * in / kQ8Block,
+                "linear: scales fp32 [out, in / ", kQ8Block, "]");
+    const Q8Weights w{weight.const_data_ptr<int8_t>(), scales->const_data_ptr<float>(), in};
+    product(xp, x.stride(0), num_rows, w, in, out, yp);
+  } else {
+    TORCH_CHECK(weight.scalar_type() == at::kFloat, "linear: fp32 weights, or int8 with scales");
+    const F32Weights w{weight.const_data_ptr<float>(), in};
+    product(xp, x.stride(0), num_rows, w, in, out, yp);
+  }
   if (bias.has_value()) y.add_(*bias);
   return y;
 }
@@ -118,7 +211,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
 }  // namespace pdserve_cpu
 
 TORCH_LIBRARY_FRAGMENT(pdserve, m) {
-  m.def("small_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("linear(Tensor x, Tensor weight, Tensor? scales, Tensor? bias) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(pdserve, CPU, m) { m.impl("small_linear", &pdserve_cpu::small_linear); }
+TORCH_LIBRARY_IMPL(pdserve, CPU, m) { m.impl("linear", &pdserve_cpu::linear); }

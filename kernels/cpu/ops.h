@@ -14,8 +14,11 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                             double scale);
 void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
               const at::Tensor& slot_mapping);
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
-                        const c10::optional<at::Tensor>& bias);
+// Weights an int8 row's scale covers (llama.cpp's Q8_0 block).
+constexpr int64_t kQ8Block = 32;
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                  const c10::optional<at::Tensor>& scales, const c10::optional<at::Tensor>& bias);
 at::Tensor add_rms_norm_(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight,
                          double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);

@@ -61,13 +61,20 @@ def test_rope_in_place_rounds_as_transformers(native_ops: ModuleType, tokens: in
     assert torch.equal(heads[:, 12:], values)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+# fp32 weights take the native call up to 16 decodes, int8 ones at any batch.
+@pytest.mark.parametrize(
+    ("quantization", "batch"), [(None, 1), (None, 3), (None, 16), ("int8", 1), ("int8", 24)]
+)
 def test_native_decode_layers_equal_the_python_layers(
-    native_ops: ModuleType, tiny_model_dir: Path, batch: int, monkeypatch: pytest.MonkeyPatch
+    native_ops: ModuleType,
+    tiny_model_dir: Path,
+    quantization: str | None,
+    batch: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # One decode step run twice on the same cache (writing K/V again writes the same values):
     # through the one native call, then through the layers' Python; the same ops, the same bits.
-    engine = LLM(model=tiny_model_dir).engine
+    engine = LLM(model=tiny_model_dir, quantization=quantization).engine
     params = SamplingParams(temperature=0.0, max_tokens=4)
     for i in range(batch):
         engine.add_request(f"r{i}", list(range(10 + i, 40 + 2 * i)), params)

@@ -1,6 +1,6 @@
-"""Linear: oneDNN's packed product and the native few-row one equal MKL's; each serves its row
-counts; the loader packs fp32 weights; bf16 without the CPU's bf16 instructions is a warning at
-load."""
+"""Linear: oneDNN's packed product and the native one (fp32, and int8 Q8_0 weights) equal MKL's;
+each serves its row counts; the loader packs fp32 weights or quantizes them all; bf16 without the
+CPU's bf16 instructions is a warning at load."""
 
 import logging
 from pathlib import Path
@@ -13,6 +13,7 @@ from pdserve.engine.config import EngineConfig, ModelConfig
 from pdserve.engine.linear import Linear, native_bf16_products, onednn_packing_helps
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.loader import load_model
+from pdserve.engine.quantization import dequantize_q8_0, quantize_q8_0
 from pdserve.kernels import native
 
 # Products of 256 terms in another summation order: a few ulps of outputs of magnitude ~16.
@@ -43,27 +44,54 @@ def test_packed_product_equals_plain(bias: bool, rows: int) -> None:
     torch.testing.assert_close(packed, plain, rtol=0, atol=PACKED_ATOL)
 
 
-# Sizes off the kernel's tiles: a row count between its 4-row tiles, a last chunk of 1 row, an
-# `in` that is not a multiple of 16 lanes.
+# Sizes off the kernel's tiles: row counts between its 4-row groups (one chunk of W for a few, its
+# rows kept in cache for several), a last chunk of 1 row, an `in` that is not a multiple of 16.
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9, 64])
 @pytest.mark.parametrize(("in_features", "out_features"), [(256, 384), (70, 513)])
-def test_native_small_product_equals_mkl(
+def test_native_product_equals_mkl(
     native_ops: ModuleType, bias: bool, rows: int, in_features: int, out_features: int
 ) -> None:
     linear = _linear(in_features, out_features, bias, seed=rows)
     x = torch.randn(rows, in_features)
     with torch.inference_mode():
-        out = native_ops.small_linear(x, linear.weight, linear.bias)
+        out = native_ops.linear(x, linear.weight, None, linear.bias)
         expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
     torch.testing.assert_close(out, expected, rtol=0, atol=PACKED_ATOL)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 5])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 9, 64])
+@pytest.mark.parametrize(("in_features", "out_features"), [(256, 384), (96, 513)])
+def test_native_int8_product_equals_mkl_over_the_dequantized_weight(
+    native_ops: ModuleType, bias: bool, rows: int, in_features: int, out_features: int
+) -> None:
+    linear = _linear(in_features, out_features, bias, seed=rows)
+    assert linear.quantize()
+    assert linear.weight.dtype == torch.int8 and linear.quantized
+    x = torch.randn(rows, in_features)
+    dequantized = dequantize_q8_0(linear.weight, linear.scales)
+    with torch.inference_mode():
+        out = linear(x)
+        expected = torch.nn.functional.linear(x, dequantized, linear.bias)
+        with native.disabled():  # the PyTorch path: the same weight, dequantized per call
+            fallback = linear(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=PACKED_ATOL)
+    assert torch.equal(fallback, expected)
+
+
+def test_a_weight_of_partial_blocks_stays_fp32() -> None:
+    linear = _linear(70, 8, bias=False, seed=0)
+    weight = linear.weight.detach().clone()
+    assert not linear.quantize()
+    assert not linear.quantized and torch.equal(linear.weight, weight)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17])
 def test_few_rows_read_the_plain_weight_more_the_packed_one(
     native_ops: ModuleType, rows: int
 ) -> None:
-    # The plain weight is zeroed after packing, to see which serves: up to 4 rows the native
+    # The plain weight is zeroed after packing, to see which serves: up to 16 rows the native
     # kernel over the plain weight, more rows oneDNN over the packed copy.
     linear = _linear(64, 96, bias=False, seed=0)
     linear.pack()
@@ -73,6 +101,19 @@ def test_few_rows_read_the_plain_weight_more_the_packed_one(
         out = linear(torch.randn(rows, 64))
     few = rows <= native_ops.SMALL_LINEAR_MAX_ROWS
     assert out.abs().sum() == 0 if few else out.abs().sum() > 0
+
+
+def test_loader_quantizes_every_linear_and_packs_none(tiny_model_dir: Path) -> None:
+    config = ModelConfig.from_pretrained(tiny_model_dir)
+    model = load_model(tiny_model_dir, config, torch.float32, torch.device("cpu"), "int8")
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.quantized and m.packed_weight is None for m in linears)
+    assert all(m.weight.dtype == torch.int8 for m in linears)
+    # The head is tied to the embedding: the table stays fp32 for the lookups.
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    expected = quantize_q8_0(model.model.embed_tokens.weight)
+    assert torch.equal(model.lm_head.weight, expected[0])
+    assert torch.equal(model.lm_head.scales, expected[1])
 
 
 def test_loader_packs_fp32_weights_and_keeps_the_plain_ones(tiny_model_dir: Path) -> None:

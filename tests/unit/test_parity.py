@@ -2,8 +2,10 @@
 
 For 8 prompts of lengths 1..300 run as one batch: the last prompt position's logits match
 transformers to 1e-4 and 32 greedy tokens equal ``generate(do_sample=False)`` token for token.
-The engine's fp32 linears run oneDNN over packed weights for the batch, the native few-row product
-for prompts run alone; one test runs the engine on one thread, to keep that path equal too.
+The engine's fp32 linears run oneDNN over packed weights for the prompts, the native product for
+steps of up to 16 rows; one test runs the engine on one thread, to keep that path equal too. Under
+``--quantization int8`` the engine's tokens equal transformers' on the checkpoint whose linear
+weights are their Q8_0 values (what the engine serves).
 """
 
 import shutil
@@ -15,6 +17,7 @@ import torch
 import transformers
 
 from pdserve import LLM, SamplingParams
+from pdserve.engine.quantization import dequantize_q8_0, quantize_q8_0
 from pdserve.engine.tokenizer import Tokenizer
 
 PROMPT_LENGTHS = (1, 7, 16, 33, 64, 129, 255, 300)
@@ -105,6 +108,10 @@ def hf_model(model_dir: Path) -> transformers.PreTrainedModel:
 
 @pytest.fixture(scope="module")
 def hf_greedy(hf_model: transformers.PreTrainedModel) -> list[list[int]]:
+    return _hf_greedy_of(hf_model)
+
+
+def _hf_greedy_of(hf_model: transformers.PreTrainedModel) -> list[list[int]]:
     """transformers' greedy continuation of each prompt, run alone (no padding)."""
     prompts = _prompts(hf_model.config.vocab_size)
     outputs = []
@@ -165,13 +172,46 @@ def test_greedy_tokens_equal_transformers_on_one_thread(
 def test_greedy_tokens_equal_transformers_alone(
     model_dir: Path, hf_greedy: list[list[int]]
 ) -> None:
-    # Each prompt on its own: steps of one row, which the native few-row product serves.
+    # Each prompt on its own: steps of one row, in one native call.
     llm = LLM(model=model_dir)
     prompts = _prompts(llm.engine.model_config.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
     for prompt, expected in zip(prompts, hf_greedy, strict=True):
         [output] = llm.generate([prompt], params)
         assert output.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
+
+
+@pytest.fixture(scope="module")
+def q8_model_dir(model_dir: Path, tmp_path_factory) -> Path:
+    """``model_dir``'s checkpoint with every linear weight (the head's too) replaced by its Q8_0
+    blocks' values: the weights pdserve serves under ``--quantization int8``, in fp32."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(dequantize_q8_0(*quantize_q8_0(module.weight)))
+    return _save_hf_model(model, model_dir, tmp_path_factory.mktemp(f"{model_dir.name}-q8"))
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_int8_greedy_tokens_equal_transformers_on_the_same_values(
+    q8_model_dir: Path, alone: bool
+) -> None:
+    # int8 weights are served as d * q exactly, so transformers on those values in fp32 is the
+    # reference: batched (steps of many decodes in the one native call) and each prompt alone.
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        q8_model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    expected = _hf_greedy_of(hf)
+    llm = LLM(model=q8_model_dir, quantization="int8")
+    assert llm.engine.runner.model.lm_head.quantized
+    if not alone:
+        _assert_greedy_equal(llm, expected)
+        return
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
+    for prompt, tokens in zip(_prompts(hf.config.vocab_size), expected, strict=True):
+        [output] = llm.generate([prompt], params)
+        assert output.token_ids == tokens, f"prompt of {len(prompt)} tokens diverged"
 
 
 def _assert_greedy_equal(llm: LLM, hf_greedy: list[list[int]]) -> None:
