@@ -21,6 +21,10 @@ SUBCOMMANDS = {
         "pdserve.benchmarks.ramp",
         "a stepped request rate against a server with its planner on: replicas and latency",
     ),
+    "quantization": (
+        "pdserve.benchmarks.quantization",
+        "greedy agreement of int8 weights with the fp32 ones on held-out text",
+    ),
     "peers": (
         "pdserve.benchmarks.peers.cli",
         "pdserve against llama.cpp's server on the same weights, cores and load",

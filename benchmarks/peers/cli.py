@@ -2,7 +2,8 @@
 the same weights and the same cores, under the same load.
 
 Both servers run at once on one GGUF file (``gguf_retype.py``: the checkpoint's weights as F32,
-F16 or Q8_0), each given ``--cores`` threads: llama.cpp's ``llama-server`` (``llama_cpp.py``:
+F16 or Q8_0; pdserve serves Q8_0 with ``--quantization int8``, keeping its blocks), each given
+``--cores`` threads: llama.cpp's ``llama-server`` (``llama_cpp.py``:
 built here from the llama-cpp-python sdist's sources) and ``pdserve serve`` with one aggregated
 replica. For each concurrency, each round sends the same random prompts (``bench serve``'s random
 dataset, ``ignore_eos``) to one server, then to the other, the order alternating by round, so
@@ -34,6 +35,9 @@ from pdserve.engine.tokenizer import Tokenizer
 from pdserve.kernels.native import describe_cpu
 
 START_TIMEOUT_S = 600.0
+# pdserve's engine quantization for a file of quantized weights: int8 keeps Q8_0's blocks (the
+# same values llama.cpp serves); weights of no entry are served as fp32.
+QUANTIZATION = {"q8_0": "int8"}
 MIN_PROMPTS = 8  # per concurrency and round
 
 
@@ -123,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     urls = {server: f"http://127.0.0.1:{port}" for server, port in ports.items()}
     out = args.out
     with tempfile.TemporaryDirectory() as folder:
-        config = pdserve_config(gguf, name, ports[OURS], free_port(), args.cores)
+        quantization = QUANTIZATION.get(args.weights)
+        config = pdserve_config(gguf, name, ports[OURS], free_port(), args.cores, quantization)
         llama = server_argv(
             binary, gguf, ports[PEER], args.cores, args.llama_slots, args.llama_context
         )

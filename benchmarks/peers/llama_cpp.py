@@ -35,6 +35,11 @@ CMAKE_OPTIONS = {
     "LLAMA_BUILD_EXAMPLES": "OFF",
     "LLAMA_BUILD_SERVER": "ON",
 }
+# On a CPU with AMX, GGML_NATIVE builds ggml's AMX kernels, which die of SIGILL at their first
+# tile instruction (Q8_0 and Q4 weights; llama.cpp asks the kernel for AMX state on its main
+# thread only: ggml-org/llama.cpp pull request 26954). Built without them, the AVX-512 (VNNI)
+# kernels serve those types. GCC keeps an explicit -mno-* over what -march=native implies.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 def default_cache() -> Path:
@@ -42,13 +47,26 @@ def default_cache() -> Path:
     return Path(base) / "pdserve" / "llama.cpp"
 
 
-def cpu_key() -> str:
-    """Names this CPU's build: its model name and a digest of its feature flags, since a native
-    build may not run on a CPU with fewer."""
+def cpu_flags() -> list[str]:
     info = Path("/proc/cpuinfo")
     lines = info.read_text().splitlines() if info.exists() else []
-    flags = next((line for line in lines if line.startswith("flags")), "")
-    return "-".join(cpu_name().split()) + "-" + hashlib.sha256(flags.encode()).hexdigest()[:8]
+    line = next((line for line in lines if line.startswith("flags")), "flags:")
+    return line.split(":", 1)[1].split()
+
+
+def cmake_options() -> dict[str, str]:
+    """The build's options for this CPU: ``CMAKE_OPTIONS``, without AMX where the CPU has it."""
+    if "amx_tile" not in cpu_flags():
+        return CMAKE_OPTIONS
+    return CMAKE_OPTIONS | {"CMAKE_C_FLAGS": NO_AMX_FLAGS, "CMAKE_CXX_FLAGS": NO_AMX_FLAGS}
+
+
+def cpu_key() -> str:
+    """Names this CPU's build: its model name and a digest of its feature flags and the build's
+    options, since a native build may not run on a CPU with fewer."""
+    options = [f"{key}={value}" for key, value in sorted(cmake_options().items())]
+    digest = hashlib.sha256(" ".join(cpu_flags() + options).encode())
+    return "-".join(cpu_name().split()) + "-" + digest.hexdigest()[:8]
 
 
 def download_sdist(cache: Path) -> Path:
@@ -91,7 +109,7 @@ def build_server(cache: Path, sdist: Path | None = None) -> Path:
             (top,) = {Path(name).parts[0] for name in tar.getnames()}
             tar.extractall(cache / "extract", filter="data")
         (cache / "extract" / top).rename(sources)
-    options = [f"-D{key}={value}" for key, value in CMAKE_OPTIONS.items()]
+    options = [f"-D{key}={value}" for key, value in cmake_options().items()]
     logger.info("building %s %s for %s into %s (minutes)", SERVER, VERSION, cpu_key(), build)
     subprocess.run(["cmake", "-S", sources / VENDORED, "-B", build, *options], check=True)
     jobs = str(os.cpu_count() or 1)

@@ -18,9 +18,13 @@ READY_POLL_S = 1.0
 STOP_GRACE_S = 60.0  # pdserve stops its Ray cluster on SIGINT
 
 
-def pdserve_config(gguf: Path, name: str, port: int, grpc_port: int, cores: int) -> dict:
+def pdserve_config(
+    gguf: Path, name: str, port: int, grpc_port: int, cores: int, quantization: str | None
+) -> dict:
     """One model served aggregated (a decode replica prefills its own prompts) by one replica
-    given ``cores`` cores, as llama.cpp's single process is; the engine's defaults otherwise."""
+    given ``cores`` cores, as llama.cpp's single process is; the engine's defaults otherwise.
+    ``quantization``: the engine's (int8 for a Q8_0 file keeps its blocks as they are)."""
+    engine = {"dtype": "float32"} | ({"quantization": quantization} if quantization else {})
     return {
         "http_port": port,
         "grpc_port": grpc_port,
@@ -29,7 +33,7 @@ def pdserve_config(gguf: Path, name: str, port: int, grpc_port: int, cores: int)
             {
                 "name": name,
                 "path": str(gguf),
-                "engine": {"dtype": "float32"},
+                "engine": engine,
                 "prefill": {"replicas": 0},
                 "decode": {"replicas": 1, "num_cpus": cores},
             }

@@ -1,7 +1,11 @@
 """``bench peers``' table: both servers' figures at each concurrency, then pdserve's over
-llama.cpp's; and the llama.cpp build's name changes with the CPU's features."""
+llama.cpp's; and the llama.cpp build's name changes with the CPU's features and its options (no
+AMX kernels where the CPU has AMX)."""
 
-from pdserve.benchmarks.peers.llama_cpp import cpu_key, server_argv
+import pytest
+
+from pdserve.benchmarks.peers import llama_cpp
+from pdserve.benchmarks.peers.llama_cpp import cmake_options, cpu_key, server_argv
 from pdserve.benchmarks.peers.table import OURS, PEER, peers_table
 
 
@@ -39,3 +43,18 @@ def test_the_server_command_uses_the_given_threads_slots_and_context() -> None:
     assert (pairs["--parallel"], pairs["--ctx-size"], pairs["--port"]) == ("16", "8192", "8123")
     assert pairs["--host"] == "127.0.0.1" and pairs["--model"] == "m.gguf"
     assert cpu_key() == cpu_key() and len(cpu_key().rsplit("-", 1)[1]) == 8
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_a_cpu_with_amx_builds_without_its_kernels_and_apart(
+    amx: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = ["avx512f", "avx512_vnni"] + (["amx_tile", "amx_int8"] if amx else [])
+    monkeypatch.setattr(llama_cpp, "cpu_flags", lambda: flags)
+    options = cmake_options()
+    assert options["GGML_NATIVE"] == "ON"
+    for name in ("CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS"):
+        assert ("-mno-amx-int8" in options.get(name, "")) is amx
+    with_options = cpu_key()
+    monkeypatch.setattr(llama_cpp, "cmake_options", lambda: llama_cpp.CMAKE_OPTIONS)
+    assert (cpu_key() != with_options) is amx  # another build folder
