@@ -62,13 +62,18 @@ def library_path(capability: str) -> Path:
     return build_dir(capability) / f"{NAME}.so"
 
 
+class NoCompiler(RuntimeError):
+    """There is no C++ compiler: the PyTorch kernels serve (not an error of the build)."""
+
+
 def build() -> Path:
-    """Compiles the kernels for this CPU; the library's path. Raises if there is no compiler."""
+    """Compiles the kernels for this CPU; the library's path. Raises ``NoCompiler`` if there is
+    no compiler, and torch's error if the sources do not compile."""
     from torch.utils import cpp_extension
 
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C++ compiler ({compiler}): the PyTorch kernels will serve")
+        raise NoCompiler(f"no C++ compiler ({compiler}): the PyTorch kernels will serve")
     capability = cpu_capability()
     folder = build_dir(capability)
     folder.mkdir(parents=True, exist_ok=True)
