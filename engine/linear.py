@@ -28,13 +28,13 @@ class Linear(nn.Module):
 
     - a few rows (a decode step of up to ``SMALL_LINEAR_MAX_ROWS`` sequences) go to the native
       kernel (``kernels/cpu/linear.cpp``), which streams W's rows in chunks the threads take as
-      they free up: as fast as MKL's matrix-vector product at one row and oneDNN's at 16, and a
-      preempted thread (the server's other processes share the cores) delays one chunk instead
-      of half of every product;
-    - more rows (prompts, big decode steps) go to oneDNN over the weight ``pack`` copied into its
-      blocked layout after loading (what inductor does for CPU linears), faster than MKL. The
-      plain weight stays for the native products (and an embedding tied to it): the memory of a
-      second copy buys the decode step its speed.
+      they free up: as fast as MKL's matrix-vector product at one row, and a preempted thread
+      (the server's other processes share the cores) delays one chunk instead of half of every
+      product (a step of decodes only runs it to 16 rows, in one native call: engine/model.py);
+    - more rows (prompts, steps that mix decodes with prompts) go to oneDNN over the weight
+      ``pack`` copied into its blocked layout after loading (what inductor does), faster than
+      MKL. The plain weight stays for the native products (and an embedding tied to it): the
+      memory of a second copy buys the decode step its speed.
 
     Or, after ``quantize``, W as llama.cpp's Q8_0 blocks (``engine/quantization.py``) in the
     native kernel for any number of rows, its fp32 copy dropped.

@@ -157,7 +157,7 @@ class LlamaModel(nn.Module):
         weights = self._layer_weights()
         if weights.mixed:
             return False
-        return x.shape[0] <= native.SMALL_LINEAR_MAX_ROWS or bool(weights.scales)
+        return x.shape[0] <= native.NATIVE_DECODE_MAX_ROWS or bool(weights.scales)
 
     def _layer_weights(self) -> DecodeWeights:
         """The layers' weights for ``native.decode_layers``, gathered once (the loader copies

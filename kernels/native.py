@@ -127,9 +127,13 @@ def write_kv(
     torch.ops.pdserve.write_kv(key.to(dtype), value.to(dtype), kv_cache, slot_mapping)
 
 
-# Rows of x up to which the native product of fp32 weights serves (engine/linear.py): as fast as
-# oneDNN's packed one up to 16, and a decode step of that many then runs in one native call.
-SMALL_LINEAR_MAX_ROWS = 16
+# Rows of x up to which a product of fp32 weights is native in the layers' Python
+# (engine/linear.py): more go to oneDNN, as a prompt's do, so that a prompt's last rows recomputed
+# past a cached prefix round as they did in the whole prompt.
+SMALL_LINEAR_MAX_ROWS = 4
+# Decodes up to which a step of fp32 weights runs every layer in one native call (engine/model.py):
+# its products as fast as oneDNN's to 16 rows, without the Python between ops.
+NATIVE_DECODE_MAX_ROWS = 16
 
 
 def serves(x: torch.Tensor) -> bool:

@@ -73,7 +73,9 @@ def test_native_decode_layers_equal_the_python_layers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # One decode step run twice on the same cache (writing K/V again writes the same values):
-    # through the one native call, then through the layers' Python; the same ops, the same bits.
+    # through the one native call, then through the layers' Python with the same native ops (whose
+    # products past 4 rows are oneDNN's otherwise); the same ops, the same bits.
+    monkeypatch.setattr(native, "SMALL_LINEAR_MAX_ROWS", native.NATIVE_DECODE_MAX_ROWS)
     engine = LLM(model=tiny_model_dir, quantization=quantization).engine
     params = SamplingParams(temperature=0.0, max_tokens=4)
     for i in range(batch):
