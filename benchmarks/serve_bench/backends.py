@@ -4,6 +4,7 @@ sends one request greedy, for ``max_tokens`` tokens (``ignore_eos`` unless told 
 the clock at every streamed chunk's tokens."""
 
 import contextlib
+import copy
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -29,8 +30,20 @@ class Backend(Protocol):
 
     async def send(self, request: BenchRequest, clock: TokenClock) -> Usage: ...
 
+    def for_model(self, model: str) -> "Backend": ...
 
-class HTTPBackend:
+
+class _OneServer:
+    model: str
+
+    def for_model(self, model: str) -> "Backend":
+        """This backend's connection, sending for ``model`` instead."""
+        other = copy.copy(self)
+        other.model = model
+        return other
+
+
+class HTTPBackend(_OneServer):
     def __init__(self, client: OpenAIClient, model: str, chat: bool, ignore_eos: bool) -> None:
         self.client, self.model, self.chat, self.ignore_eos = client, model, chat, ignore_eos
 
@@ -47,7 +60,7 @@ class GrpcError(RuntimeError):
     """A gRPC status other than OK, as ``CODE: details``."""
 
 
-class GrpcBackend:
+class GrpcBackend(_OneServer):
     def __init__(
         self, channel: grpc.aio.Channel, model: str, ignore_eos: bool, api_key: str | None
     ) -> None:

@@ -5,7 +5,11 @@ Sends a dataset's requests (``--dataset random|prefix-shared|chat``) to an OpenA
 ``--request-rate`` (several, comma-separated: a sweep, one run per rate), at most
 ``--max-concurrency`` in flight, or a ``--ramp`` of rate:seconds stages. Each run draws its own
 prompts (seed + run index), so the server's prefix cache carries nothing from one run to the next.
-Prints the summaries (``metrics.py``: TTFT, TPOT, ITL, E2EL, throughputs, goodput under
+``--models a,b --rounds N`` compares models of one server (e.g. one checkpoint served twice with
+two routing policies) in alternating rounds: every run goes to each model in turn, with the same
+prompts and arrivals, and each model's requests over all rounds are summarised together, b over a:
+the comparison on one server, under the same noise, that two servers run one after the other are
+not. Prints the summaries (``metrics.py``: TTFT, TPOT, ITL, E2EL, throughputs, goodput under
 ``--slo``) and writes ``--out`` (JSON: config, per-request records, summaries) with PNGs beside
 it. ``--compare a.json b.json`` prints b's summaries over a's instead, and with ``--out`` plots
 both on the same axes there.
@@ -22,7 +26,7 @@ from tqdm import tqdm
 
 from pdserve.benchmarks.arrivals import POISSON, Stage, arrival_offsets, parse_stages, send_times
 from pdserve.benchmarks.serve_bench.backends import Backend, open_backend
-from pdserve.benchmarks.serve_bench.compare import compare_files, load_pair
+from pdserve.benchmarks.serve_bench.compare import compare_files, load_pair, pooled_table
 from pdserve.benchmarks.serve_bench.datasets import (
     DATASETS,
     BenchRequest,
@@ -43,6 +47,7 @@ class RunPlan(NamedTuple):
     request_rate: float | None  # None: a ramp
     stages: list[Stage] | None
     offsets: list[float]
+    seed: int  # of its arrivals and prompts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +59,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(API_KEY_ENV),
         help=f"sent as Authorization: Bearer (default: ${API_KEY_ENV}, as vLLM's bench)",
     )
-    parser.add_argument("--model", help="the served model (default: the server's first)")
+    models = parser.add_mutually_exclusive_group()
+    models.add_argument("--model", help="the served model (default: the server's first)")
+    models.add_argument(
+        "--models",
+        type=_model_list,
+        metavar="A,B",
+        help="models of the server to compare: every run goes to each in turn (see --rounds)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="the runs this many times, each its own seed"
+    )
     parser.add_argument(
         "--tokenizer",
         type=Path,
@@ -99,25 +114,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _model_list(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    if len(names) < 2 or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"give two or more distinct models, got {text!r}")
+    return names
+
+
 def plan_runs(args: argparse.Namespace) -> list[RunPlan]:
-    """One run per request rate, or one ramp; each with its own seed (``args.seed`` + index)."""
-    if args.ramp:
-        stages = parse_stages(args.ramp)
-        return [
-            RunPlan(
-                f"ramp {args.ramp}", None, stages, send_times(stages, args.seed, args.burstiness)
-            )
-        ]
+    """One run per request rate, or one ramp, ``args.rounds`` times; each with its own seed
+    (``args.seed`` + index)."""
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     plans = []
-    for i, text in enumerate(args.request_rate.split(",")):
-        rate = float(text)
-        if rate <= 0:
-            raise ValueError(f"a request rate must be > 0 (inf: all at once), got {text!r}")
-        label = f"rate {rate:g}" + (
-            f", concurrency {args.max_concurrency}" if args.max_concurrency else ""
-        )
-        offsets = arrival_offsets(args.num_prompts, rate, args.seed + i, args.burstiness)
-        plans.append(RunPlan(label, rate, None, offsets))
+    for round_ in range(args.rounds):
+        suffix = f", round {round_ + 1}" if args.rounds > 1 else ""
+        if args.ramp:
+            stages = parse_stages(args.ramp)
+            seed = args.seed + round_
+            offsets = send_times(stages, seed, args.burstiness)
+            plans.append(RunPlan(f"ramp {args.ramp}{suffix}", None, stages, offsets, seed))
+            continue
+        for text in args.request_rate.split(","):
+            rate = float(text)
+            if rate <= 0:
+                raise ValueError(f"a request rate must be > 0 (inf: all at once), got {text!r}")
+            label = f"rate {rate:g}" + (
+                f", concurrency {args.max_concurrency}" if args.max_concurrency else ""
+            )
+            seed = args.seed + len(plans)
+            offsets = arrival_offsets(args.num_prompts, rate, seed, args.burstiness)
+            plans.append(RunPlan(label + suffix, rate, None, offsets, seed))
     return plans
 
 
@@ -139,41 +166,59 @@ async def _bench(args: argparse.Namespace, plans: list[RunPlan]) -> dict[str, An
         args.prefix_len,
         args.suffix_len,
     )
+    models = args.models or [args.model]
     async with open_backend(
-        args.url, args.grpc, args.model, chat, args.ignore_eos, args.api_key
-    ) as backend:
-        tokenizer = _tokenizer(args, backend.model)
+        args.url, args.grpc, models[0], chat, args.ignore_eos, args.api_key
+    ) as first:
+        backends = [first] + [first.for_model(model) for model in models[1:]]
+        tokenizer = _tokenizer(args, first.model)
 
         def draw(count: int, seed: int) -> list[BenchRequest]:
             return make_requests(args.dataset, tokenizer, shape, count, seed, chat)
 
-        await _warm_up(backend, draw(args.warmup, args.seed + len(plans)))
-        runs = []
-        for i, plan in enumerate(plans):
-            requests = draw(len(plan.offsets), args.seed + i)
-            with tqdm(total=len(requests), desc=plan.label, disable=args.disable_tqdm) as bar:
-                records, seconds = await run_schedule(
-                    backend, requests, plan.offsets, args.max_concurrency, bar
+        warmup = draw(args.warmup, args.seed + len(plans))
+        for backend in backends:
+            await _warm_up(backend, warmup)
+        runs, pooled = [], {b.model: ([], 0.0) for b in backends}
+        for k, plan in enumerate(plans):
+            requests = draw(len(plan.offsets), plan.seed)
+            # a, b, then b, a: a drift of the machine's speed over the rounds favours neither
+            for backend in backends if k % 2 == 0 else backends[::-1]:
+                label = plan.label if len(backends) == 1 else f"{backend.model}: {plan.label}"
+                with tqdm(total=len(requests), desc=label, disable=args.disable_tqdm) as bar:
+                    records, seconds = await run_schedule(
+                        backend, requests, plan.offsets, args.max_concurrency, bar
+                    )
+                so_far, total_s = pooled[backend.model]
+                pooled[backend.model] = (so_far + records, total_s + seconds)
+                runs.append(
+                    {
+                        "label": label,
+                        "model": backend.model,
+                        "request_rate": plan.request_rate,
+                        "stages": None
+                        if plan.stages is None
+                        else [s._asdict() for s in plan.stages],
+                        "summary": summarize(records, seconds, slos),
+                        "requests": [r.row() for r in records],
+                    }
                 )
-            runs.append(
-                {
-                    "label": plan.label,
-                    "request_rate": plan.request_rate,
-                    "stages": None if plan.stages is None else [s._asdict() for s in plan.stages],
-                    "summary": summarize(records, seconds, slos),
-                    "requests": [r.row() for r in records],
-                }
-            )
     given = vars(args) | {"api_key": None}  # never written to the result
     config = {k: str(v) if isinstance(v, Path) else v for k, v in given.items()}
     server = f"grpc {args.grpc}" if args.grpc else f"http {args.url}" + (" chat" if chat else "")
     return {
-        "model": backend.model,
+        "model": first.model,
         "backend": server,
         "dataset": args.dataset,
         "slos_ms": slos,
         "config": config,
         "runs": runs,
+        # each model's requests over every run: what --models compares
+        "pooled": {
+            model: summarize(records, seconds, slos) for model, (records, seconds) in pooled.items()
+        }
+        if len(backends) > 1
+        else None,
     }
 
 
@@ -195,6 +240,9 @@ def print_summaries(result: dict) -> None:
     for run in runs:
         for error, count in run["summary"]["errors"].items():
             print(f"{run['label']}: {count} failed: {error}")
+    if result["pooled"]:
+        print(f"\nevery model's requests over its {len(runs) // len(result['pooled'])} runs:")
+        print("\n".join(pooled_table(result["pooled"])))
 
 
 def run(args: argparse.Namespace) -> int:

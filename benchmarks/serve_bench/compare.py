@@ -1,5 +1,5 @@
 """``pdserve bench serve --compare a.json b.json``: each summary figure of b over a's, run by run
-(a sweep's runs paired in order)."""
+(a sweep's runs paired in order); and ``--models``' pooled summaries, each model over the first."""
 
 import json
 import math
@@ -27,6 +27,22 @@ def compare_table(a: dict, b: dict) -> list[str]:
                 continue
             ratio = f"{value_b / value_a:.3f}x" if value_a else "-"
             lines.append(f"| {label} | {metric} | {cell(value_a)} | {cell(value_b)} | {ratio} |")
+    return lines
+
+
+def pooled_table(pooled: dict[str, dict]) -> list[str]:
+    """Markdown rows: metric, each model's figure, then each later model's over the first's."""
+    (first, base), *others = pooled.items()
+    lines = [
+        "| metric | " + " | ".join(pooled) + "".join(f" | {m} / {first}" for m, _ in others) + " |",
+        "|---" * (1 + len(pooled) + len(others)) + "|",
+    ]
+    for metric, value in base.items():
+        values = [summary.get(metric) for summary in pooled.values()]
+        if not all(_number(v) for v in values):
+            continue
+        ratios = "".join(f" | {v / value:.3f}x" if value else " | -" for v in values[1:])
+        lines.append(f"| {metric} | " + " | ".join(cell(v) for v in values) + ratios + " |")
     return lines
 
 
