@@ -109,8 +109,8 @@ class RoutingConfig(_Strict):
     local_prefill_max_tokens: int = Field(DEFAULT_LOCAL_PREFILL_MAX_TOKENS, ge=0)
     # When every prefill replica has this many prompt tokens queued, prompts prefill locally.
     prefill_queue_max_tokens: int = Field(DEFAULT_PREFILL_QUEUE_MAX_TOKENS, ge=1)
-    kv_overlap_weight: float = Field(1.0, ge=0)  # prefill: score of each cached prompt token
-    load_weight: float = Field(1.0, ge=0)  # score of each queued token / active block
+    kv_overlap_weight: float = Field(1.0, ge=0)  # score of each cached prompt token
+    load_weight: float = Field(1.0, ge=0)  # penalty of each queued prompt token / running sequence
     stats_period_s: float = Field(DEFAULT_ROUTING_STATS_PERIOD_S, gt=0)
 
 

@@ -4,14 +4,24 @@ Each replica reports, through Serve's routing stats, its load and its prefix cac
 numbered events (``engine/kv_events.py``). ``PoolPlacement`` keeps an index of each replica's
 cached block hashes built from those events and scores a request's candidates once each:
 
-    score = kv_overlap_weight * cached prefix tokens - load_weight * load tokens
+    score = kv_overlap_weight * (cached prefix tokens - working-set tokens pushed out)
+            - load_weight * load tokens
 
-Load is the prompt tokens a prefill replica has queued, or the KV tokens a decode replica holds.
-Between reports, what this router sent a replica counts there: the prompt's tokens as load until
-the call ends or a report made after the send counts it, and its blocks as cached from the send
-and again from the call's end until a trusted report made ``RECENT_S`` after the later of the two
-speaks for them, ``FORGET_S`` at most (the prefix a burst shares is then as cheap there as it will
-be once prefilled, and a prompt repeated after its call finds it however late the reports come).
+Load is what the prompt's first token waits for there, in tokens computed: the prompt tokens the
+replica has queued, plus one for each sequence it runs (each adds a token to every step). A
+replica's working set is the blocks of the requests this router sent there in the last ``HOT_S``
+(or the blocks it holds, if more): what its next requests will ask for again. Whatever of it
+the request's new blocks would push past the replica's KV capacity is prefilled again later, so
+it counts against the cached tokens. That spreads new prefixes over the replicas' caches by room
+instead of at random, where one replica's tenants would outgrow it and thrash (under LRU a
+working set larger than the cache is evicted just before each reuse) while another's cache went
+unused. ``HOT_S`` is short: a set of tenants that stopped coming must stop counting soon after.
+Between reports, what this router sent a replica counts there: the prompt's uncached tokens as
+load until the call ends or a report made after the send counts it, and its blocks as cached from
+the send and again from the call's end until a trusted report made ``RECENT_S`` after the later
+of the two speaks for them, ``FORGET_S`` at most (the prefix a burst shares is then as cheap there
+as it will be once prefilled, and a prompt repeated after its call finds it however late the
+reports come).
 ``RECENT_S`` covers the replica's work before it stores the blocks and the error in mapping a
 report's stamp onto this router's clock (below).
 Ties go to a random one of the best: in order, the first replica would take every new prefix and
@@ -58,6 +68,7 @@ RECENT_S = 5.0  # a report made this long after a block was sent (or its call en
 FORGET_S = 30.0  # how long blocks sent to a replica count as cached there without its word
 LONGEST_CALL_S = 3600.0  # a call this old whose end was never heard of is forgotten
 STALE_S = 10.0  # no new report from a replica this long: its index is not trusted
+HOT_S = 10.0  # a block of a request sent this long ago is still in its replica's working set
 
 
 class Placement(NamedTuple):
@@ -72,6 +83,8 @@ class _Replica:
     synced: bool = False  # whether ``cached`` is the replica's cache as of ``next_seq``
     cached: set[BlockHash] = field(default_factory=set)
     load_tokens: int = 0  # as of its last report
+    held_blocks: int = 0  # as of its last report
+    capacity_blocks: int | None = None  # its KV cache's size (None: not reported yet)
     report_seq: int | None = None  # that report's number
     heard_at: float = -math.inf  # when this router first heard it, on its own clock
     # The least (heard_at - the report's stamp) so far: the replica's clock onto this router's.
@@ -83,6 +96,7 @@ class _Replica:
     # where a call went, so a replica that goes takes its calls along.
     calls: dict[str, tuple[float, tuple[BlockHash, ...]]] = field(default_factory=dict)
     recent: dict[BlockHash, float] = field(default_factory=dict)  # block -> when sent, or ended
+    hot: dict[BlockHash, float] = field(default_factory=dict)  # block -> when last sent there
 
     def touch(self, block_hashes: tuple[BlockHash, ...], now: float) -> None:
         for block_hash in block_hashes:
@@ -154,22 +168,29 @@ class PoolPlacement:
             for name in names:
                 replica = self._replicas.get(name) or _Replica()
                 cached = self._overlap(replica, request, now) * self._block_size
-                score = self._kv_weight * cached - self._load_weight * self._load(replica)
+                kept = cached - self._evicted(replica, request) * self._block_size
+                score = self._kv_weight * kept - self._load_weight * self._load(replica)
                 scored.append((score, cached, name))
             best = max(score for score, _, _ in scored)
             _, cached, name = random.choice([s for s in scored if s[0] == best])
             return Placement(name, cached)
 
     def sent(self, replica_id: str, request: GenerateRequest) -> None:
-        """``request`` went to the replica: its prompt is load there until its call ends or a
-        later report counts it, its blocks cached there until a report speaks for them."""
+        """``request`` went to the replica: its prompt's uncached part is load there until its
+        call ends or a later report counts it, its blocks cached there until a report speaks for
+        them, and in its working set for ``HOT_S``."""
         with self._lock:
             self._end(request.request_id, stored=False)  # sent again, e.g. after a rejection
             replica = self._replicas.setdefault(replica_id, _Replica())
             now = self._now()
-            replica.sent[request.request_id] = (now, len(request.prompt_token_ids))
+            uncached = len(request.prompt_token_ids) - (
+                self._overlap(replica, request, now) * self._block_size
+            )
+            replica.sent[request.request_id] = (now, uncached)
             replica.calls[request.request_id] = (now, request.block_hashes)
             replica.touch(request.block_hashes, now)
+            for block_hash in request.block_hashes:
+                replica.hot[block_hash] = now
 
     def ended(self, request_id: str) -> None:
         """The call for ``request_id`` has ended (returned, failed or was cancelled). The caller
@@ -209,6 +230,7 @@ class PoolPlacement:
                     "reported_load_tokens": replica.load_tokens,
                     "cached_blocks": len(replica.cached) if replica.synced else None,
                     "calls_in_flight": len(replica.sent),
+                    "working_set_blocks": len(replica.hot),
                 }
                 for name, replica in self._replicas.items()
             }
@@ -230,11 +252,10 @@ class PoolPlacement:
             replica.apply(report)
         else:  # a replica that logs no events (routed by Serve's default router once)
             replica.synced = False
-        if self.role == "prefill":
-            replica.load_tokens = stats["num_queued_prefill_tokens"]
-        else:
-            held = stats["num_blocks"] - stats["num_free_blocks"]
-            replica.load_tokens = held * self._block_size
+        replica.load_tokens = stats["num_queued_prefill_tokens"] + stats["num_running"]
+        replica.held_blocks = stats["num_blocks"] - stats["num_free_blocks"]
+        replica.capacity_blocks = stats["num_blocks"]
+        replica.hot = {h: t for h, t in replica.hot.items() if now - t <= HOT_S}
         # Calls sent before the report was made (on this router's clock) are in its load, or over.
         replica.made_at = stats["made_at"] + replica.clock_offset
         for request_id, (sent_at, _) in list(replica.sent.items()):
@@ -262,6 +283,15 @@ class PoolPlacement:
                 break
             overlap += 1
         return overlap
+
+    def _evicted(self, replica: _Replica, request: GenerateRequest) -> int:
+        """The blocks by which the replica's working set, with ``request``'s new blocks, would
+        outgrow its cache."""
+        if replica.capacity_blocks is None:
+            return 0
+        new = sum(block_hash not in replica.hot for block_hash in request.block_hashes)
+        working_set = max(len(replica.hot), replica.held_blocks)
+        return max(0, working_set + new - replica.capacity_blocks)
 
     def _load(self, replica: _Replica) -> int:
         return replica.load_tokens + sum(tokens for _, tokens in replica.sent.values())

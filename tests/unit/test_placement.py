@@ -9,10 +9,17 @@ import pytest
 from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.prefix_hash import extend_block_hashes
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.router.dispatch.placement import FORGET_S, RECENT_S, STALE_S, PoolPlacement
+from pdserve.router.dispatch.placement import (
+    FORGET_S,
+    HOT_S,
+    RECENT_S,
+    STALE_S,
+    PoolPlacement,
+)
 from pdserve.serving.messages import GenerateRequest
 
 BLOCK = 16
+CAPACITY = 100  # blocks, each replica's
 _REPORT_SEQ = itertools.count()  # a report's number: one count for all, so each is new
 
 
@@ -35,15 +42,18 @@ def _caching(log: KVEventLog, request: GenerateRequest, blocks: int | None = Non
         log.stored(block_hash)
 
 
-def _stats(log: KVEventLog, at: float, held_blocks: int = 0, queued: int = 0) -> dict:
+def _stats(
+    log: KVEventLog, at: float, held_blocks: int = 0, queued: int = 0, running: int = 0
+) -> dict:
     """A new report, made at ``at`` on a clock this test shares with the router."""
     return {
         "kv_events": log.report(),
         "report_seq": next(_REPORT_SEQ),
         "made_at": at,
-        "num_blocks": 100,
-        "num_free_blocks": 100 - held_blocks,
+        "num_blocks": CAPACITY,
+        "num_free_blocks": CAPACITY - held_blocks,
         "num_queued_prefill_tokens": queued,
+        "num_running": running,
     }
 
 
@@ -57,8 +67,84 @@ def test_a_cached_prefix_outweighs_a_little_load(clock: Clock) -> None:
     a, b = KVEventLog(), KVEventLog()
     request = _request(list(range(160)))  # 10 full blocks
     _caching(a, request)
-    placement.sync({"a": _stats(a, clock.now, held_blocks=3), "b": _stats(b, clock.now)})
+    placement.sync({"a": _stats(a, clock.now, queued=40, running=3), "b": _stats(b, clock.now)})
     assert placement.place(request) == ("a", 160)
+
+
+def test_load_is_the_prompt_tokens_queued_and_the_sequences_run_not_the_kv_held(
+    clock: Clock,
+) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    placement.sync(
+        {
+            "a": _stats(a, clock.now, held_blocks=80, running=2),  # two long sequences
+            "b": _stats(b, clock.now, held_blocks=4, running=3, queued=60),
+        }
+    )
+    assert {placement.place(_request([i] * 32, f"r{i}")).replica for i in range(20)} == {"a"}
+
+
+def test_a_request_sent_is_load_for_its_uncached_tokens_only(clock: Clock) -> None:
+    placement = PoolPlacement("prefill", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    cached = _request(list(range(320)), "cached")  # 20 blocks, all cached at a
+    _caching(a, cached)
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now, queued=100)})
+    placement.sent("a", _request(list(range(320)) + [5] * 8, "repeat"))  # 8 tokens to compute
+    assert placement.view()["a"]["load_tokens"] == 8
+    assert placement.place(_request([7] * 32, "other")).replica == "a"
+
+
+def test_new_prefixes_spread_so_each_replica_s_working_set_fits(clock: Clock) -> None:
+    # 8 tenants of 24 blocks over two replicas of 100: four each fit, five in one do not. Load is
+    # nil between requests (each call ends before the next), so only the working sets tell.
+    for trial in range(10):
+        placement = PoolPlacement("decode", BLOCK, clock=clock)
+        logs = {"a": KVEventLog(), "b": KVEventLog()}
+        placement.sync({name: _stats(log, clock.now) for name, log in logs.items()})
+        tenants = collections.defaultdict(list)
+        for tenant in range(8):
+            request = _request([100 * trial + tenant] * (24 * BLOCK), f"t{tenant}")
+            chosen = placement.place(request).replica
+            placement.sent(chosen, request)
+            placement.ended(request.request_id)
+            tenants[chosen].append(tenant)
+        assert sorted(map(len, tenants.values())) == [4, 4], tenants
+        assert {name: view["working_set_blocks"] for name, view in placement.view().items()} == {
+            "a": 96,
+            "b": 96,
+        }
+
+
+def test_a_cached_prefix_stays_put_when_every_working_set_is_full(clock: Clock) -> None:
+    # Both replicas' working sets fill their caches, a's by a little more: what b would have to
+    # push out to take the request is its whole prefix, a's cost is the overflow alone.
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    a, b = KVEventLog(), KVEventLog()
+    request = _request(list(range(20 * BLOCK)) + [9] * BLOCK, "repeat")
+    _caching(a, request, blocks=20)
+    placement.sync({"a": _stats(a, clock.now), "b": _stats(b, clock.now)})
+    placement.sent("a", _request(list(range(20 * BLOCK)), "first"))
+    placement.sent("a", _request([1] * (84 * BLOCK), "other-a"))
+    placement.sent("b", _request([2] * (100 * BLOCK), "other-b"))
+    for request_id in ("first", "other-a", "other-b"):
+        placement.ended(request_id)
+    assert placement.place(request) == ("a", 20 * BLOCK)
+
+
+def test_a_working_set_holds_requests_sent_in_the_last_hot_s(clock: Clock) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    log = KVEventLog()
+    placement.sync({"a": _stats(log, clock.now)})
+    placement.sent("a", _request([1] * (60 * BLOCK), "old"))
+    clock.now += HOT_S - 1
+    placement.sent("a", _request([2] * (30 * BLOCK), "new"))
+    placement.sync({"a": _stats(log, clock.now)})
+    assert placement.view()["a"]["working_set_blocks"] == 90
+    clock.now += 2
+    placement.sync({"a": _stats(log, clock.now)})
+    assert placement.view()["a"]["working_set_blocks"] == 30
 
 
 def test_a_heavy_load_outweighs_a_short_cached_prefix(clock: Clock) -> None:
