@@ -51,7 +51,12 @@ def _route(skew: float) -> list:
     def made() -> dict[str, dict]:  # each replica's report, made now
         return {
             name: reports[name].make(
-                {"num_queued_prefill_tokens": queued[name], "num_blocks": 1, "num_free_blocks": 1},
+                {
+                    "num_queued_prefill_tokens": queued[name],
+                    "num_running": 0,
+                    "num_blocks": 100,
+                    "num_free_blocks": 100,
+                },
                 logs[name],
             )
             for name in logs
@@ -90,8 +95,9 @@ def test_a_replica_clock_an_hour_off_routes_as_one_that_agrees() -> None:
     assert runs[0] == runs[1] == runs[2]
     first, after_send, after_report, cached, after_silence = runs[1]
     assert first == ("a", 256)
-    # A report made before the send leaves the call as load there, one made after counts it.
-    assert after_send["load_tokens"] == 264 and after_send["calls_in_flight"] == 1
+    # A report made before the send leaves the call as load there (its 8 tokens not cached at
+    # a), one made after counts it (as the replica sees it: the whole prompt queued).
+    assert after_send["load_tokens"] == 8 and after_send["calls_in_flight"] == 1
     assert after_report["load_tokens"] == 264 and after_report["calls_in_flight"] == 0
     assert cached == ("a", 256)
     # Silent for STALE_S on the router's clock, even when a's clock is an hour ahead.
