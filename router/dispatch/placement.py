@@ -217,6 +217,7 @@ class PoolPlacement:
         else:  # (another call there with the same blocks loses them too, until a report)
             for block_hash in block_hashes:
                 replica.recent.pop(block_hash, None)
+                replica.hot.pop(block_hash, None)
 
     def view(self) -> dict[str, dict]:
         """Each replica as this placement sees it now (for operators and tests)."""

@@ -232,6 +232,8 @@ def test_a_call_sent_elsewhere_leaves_no_blocks_behind(clock: Clock) -> None:
     placement.sent("b", request)  # a rejected it
     assert placement.place(_request(list(range(160)), "again"), ["a"]).cached_tokens == 0
     assert placement.place(_request(list(range(160)), "again"), ["b"]) == ("b", 160)
+    views = placement.view()  # nor in a's working set: they never reached it
+    assert (views["a"]["working_set_blocks"], views["b"]["working_set_blocks"]) == (0, 10)
 
 
 def test_load_sent_counts_until_a_later_report(clock: Clock) -> None:
