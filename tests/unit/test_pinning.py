@@ -1,5 +1,6 @@
 """A replica pinned to a core: every thread it runs, and every one it starts later, stays there."""
 
+import contextlib
 import os
 import threading
 
@@ -12,8 +13,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _live_threads() -> list[int]:
+    return [int(t) for t in os.listdir("/proc/self/task")]
+
+
 def _affinity_of_every_thread() -> set[frozenset[int]]:
-    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+    affinities = set()
+    for thread_id in _live_threads():
+        try:
+            affinities.add(frozenset(os.sched_getaffinity(thread_id)))
+        except ProcessLookupError:  # ended since the listing: a worker's threads come and go
+            continue
+    return affinities
 
 
 def test_every_thread_now_and_later_runs_on_the_core() -> None:
@@ -34,5 +45,6 @@ def test_every_thread_now_and_later_runs_on_the_core() -> None:
     finally:
         stop.set()
         running.join()
-        for thread_id in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(thread_id), before)
+        for thread_id in _live_threads():
+            with contextlib.suppress(ProcessLookupError):  # ended since the listing
+                os.sched_setaffinity(thread_id, before)
