@@ -36,6 +36,12 @@ FAST_NODE_DEATH = (
     "RAY_health_check_period_ms=1000 RAY_health_check_timeout_ms=1000 "
     "RAY_health_check_failure_threshold=3"
 )
+# A starting node has 30 s to register with the head's GCS (fixed in Ray 2.60's node.py), and the
+# autoscaler starts every worker at once: with four hosts on two cores one can miss that, fail its
+# update and never be started again. Here each worker's `ray start` tries three times.
+RETRIED_RAY_START = (
+    'ray_start() { for try in 1 2 3; do ray start "$@" && return 0; ray stop; done; return 1; }; '
+)
 # Ray 2.60's autoscaler v2, the default for `ray up`, starts one of the local provider's two
 # workers and then waits forever; v1 starts both.
 AUTOSCALER_V1 = {"RAY_UP_enable_autoscaler_v2": "0"}
@@ -67,7 +73,10 @@ def cluster_config(hosts: list[Host], token: Path) -> dict[str, Any]:
     workers = config["worker_start_ray_commands"]
     if not any(HEAD_WATCH_SLEEP[0] in command for command in workers):
         raise ValueError(f"no `{HEAD_WATCH_SLEEP[0]}` in {CLUSTER_LOCAL}'s worker commands")
-    config["worker_start_ray_commands"] = [c.replace(*HEAD_WATCH_SLEEP) for c in workers]
+    config["worker_start_ray_commands"] = [
+        RETRIED_RAY_START + c.replace("ray start", "ray_start") if "ray start" in c else c
+        for c in (c.replace(*HEAD_WATCH_SLEEP) for c in workers)
+    ]
     return config
 
 
