@@ -25,8 +25,10 @@ def compare_table(a: dict, b: dict) -> list[str]:
             value_b = run_b["summary"].get(metric)
             if not (_number(value_a) and _number(value_b)):
                 continue
-            ratio = f"{value_b / value_a:.3f}x" if value_a else "-"
-            lines.append(f"| {label} | {metric} | {cell(value_a)} | {cell(value_b)} | {ratio} |")
+            lines.append(
+                f"| {label} | {metric} | {cell(value_a)} | {cell(value_b)} | "
+                f"{_ratio(value_b, value_a)} |"
+            )
     return lines
 
 
@@ -41,9 +43,13 @@ def pooled_table(pooled: dict[str, dict]) -> list[str]:
         values = [summary.get(metric) for summary in pooled.values()]
         if not all(_number(v) for v in values):
             continue
-        ratios = "".join(f" | {v / value:.3f}x" if value else " | -" for v in values[1:])
+        ratios = "".join(f" | {_ratio(v, value)}" for v in values[1:])
         lines.append(f"| {metric} | " + " | ".join(cell(v) for v in values) + ratios + " |")
     return lines
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.3f}x" if base else "-"  # no ratio over zero
 
 
 def _what(result: dict) -> str:

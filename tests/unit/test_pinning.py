@@ -20,10 +20,8 @@ def _live_threads() -> list[int]:
 def _affinity_of_every_thread() -> set[frozenset[int]]:
     affinities = set()
     for thread_id in _live_threads():
-        try:
+        with contextlib.suppress(ProcessLookupError):  # ended since the listing
             affinities.add(frozenset(os.sched_getaffinity(thread_id)))
-        except ProcessLookupError:  # ended since the listing: a worker's threads come and go
-            continue
     return affinities
 
 
