@@ -5,7 +5,8 @@
 ``{"config": "path/to.yaml"}``). A model with ``prefill.replicas: 0`` is served aggregated: its
 decode replicas prefill every prompt themselves. With ``planner.enabled``, a ``planner``
 deployment sizes the pools (the app must then be deployed with ``external_scaler_enabled``).
-The API keys (``cluster/access.py``) reach the router as digests.
+The router runs ``router.replicas`` (or Serve autoscales it within its bounds); the API keys
+(``cluster/access.py``) reach it as digests.
 """
 
 from typing import Any
@@ -20,7 +21,13 @@ from pdserve.prefill_worker.worker import PrefillWorker
 from pdserve.router.api.api_keys import key_digest
 from pdserve.router.dispatch.kv_routing import KVAwareRouter
 from pdserve.router.ingress import APIIngress
-from pdserve.serving.config import ClusterConfig, PoolConfig, ServedModel, pool_deployment
+from pdserve.serving.config import (
+    ClusterConfig,
+    PoolConfig,
+    RouterConfig,
+    ServedModel,
+    pool_deployment,
+)
 from pdserve.serving.logs import SERVE_LOGGING_CONFIG
 from pdserve.serving.ray_compat import RequestRouterConfig
 
@@ -61,6 +68,19 @@ def _pool(cls: type, role: str, pool: PoolConfig, served: ServedModel) -> Applic
     return deployment.bind(served.model_dump())
 
 
+def _router_replicas(router: RouterConfig) -> dict[str, Any]:
+    """A fixed count, or Serve's autoscaler between the bounds on requests in flight."""
+    if not router.autoscaled:
+        return {"num_replicas": router.replicas}
+    autoscaling = {
+        "min_replicas": router.lowest,
+        "initial_replicas": router.replicas,
+        "max_replicas": router.highest,
+        "target_ongoing_requests": router.target_ongoing_requests,
+    }
+    return {"autoscaling_config": autoscaling}
+
+
 def build_app(args: dict[str, Any]) -> Application:
     config = (
         ClusterConfig.from_yaml(args["config"])
@@ -84,7 +104,8 @@ def build_app(args: dict[str, Any]) -> Application:
     router = serve.deployment(
         APIIngress,
         name="router",
-        max_ongoing_requests=config.router_max_ongoing_requests,
+        max_ongoing_requests=config.router.max_ongoing_requests,
+        **_router_replicas(config.router),
         graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
         logging_config=SERVE_LOGGING_CONFIG,
         ray_actor_options={"num_cpus": ROUTER_NUM_CPUS},

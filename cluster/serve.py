@@ -76,7 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-concurrent-requests",
         type=int,
         default=DEFAULT_MAX_CONCURRENT_REQUESTS,
-        help="the model's requests in flight in the router; one more gets 429 at once",
+        help="the model's requests in flight in a router replica; one more gets 429 at once",
+    )
+    parser.add_argument(
+        "--router-replicas",
+        type=int,
+        default=1,
+        help="router replicas, each bounding the model's requests by --max-concurrent-requests",
     )
     parser.add_argument(
         "--api-key",
@@ -175,7 +181,11 @@ def _from_file_or_flags(args: argparse.Namespace) -> ClusterConfig:
         "max_concurrent_requests": args.max_concurrent_requests,
     }
     return ClusterConfig(
-        models=[model], http_host=args.host, http_port=args.port, grpc_port=args.grpc_port
+        models=[model],
+        http_host=args.host,
+        http_port=args.port,
+        grpc_port=args.grpc_port,
+        router={"replicas": args.router_replicas},
     )
 
 

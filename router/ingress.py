@@ -78,9 +78,11 @@ class APIIngress(GenerationServicer):
             return []
         return await self._planner.history.remote()
 
-    def requests_in_flight(self) -> dict[str, int]:
-        """Per model, the requests this router holds now (each under its model's bound)."""
-        return self.admission.in_flight()
+    def requests_in_flight(self) -> dict:
+        """This router replica's id (``replica``), and per model the requests it holds now, each
+        under its model's bound (``models``)."""
+        replica = serve.get_replica_context().replica_id.unique_id
+        return {"replica": replica, "models": self.admission.in_flight()}
 
     def take_request_timings(self) -> list[dict]:
         """The HTTP requests' timings logged since the last call (``router/timing.py``)."""

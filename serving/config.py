@@ -42,6 +42,7 @@ DEFAULT_MAX_ONGOING_REQUESTS = DEFAULT_MAX_NUM_SEQS  # a replica's calls: what i
 # its streams: a 1,000-token completion at 50 ms a token (Serve's own default is 20 s).
 DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S = 60.0
 DEFAULT_ROUTER_MAX_ONGOING_REQUESTS = 4096  # the router holds streams, no KV
+DEFAULT_ROUTER_TARGET_ONGOING_REQUESTS = 256  # a router replica's share of the streams
 # Requests of one model the router has in flight before it answers 429 (TGI's name for the knob):
 # four decode replicas' worth of the engine's default max_num_seqs.
 DEFAULT_MAX_CONCURRENT_REQUESTS = 4 * DEFAULT_MAX_NUM_SEQS
@@ -66,25 +67,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PoolConfig(_Strict):
-    """One worker pool: how many replicas, and what each needs from Ray."""
+class _Replicas(_Strict):
+    """A deployment's replicas at the start, and the bounds something may move them within."""
 
     replicas: int = Field(1, ge=0)
-    num_cpus: float = Field(0.0, ge=0)  # a replica's engine thread shares the node's cores
-    # Cores the replicas are pinned to, the replica of rank r to cpus[r % len(cpus)] (Linux): a
-    # replica then computes on its own core, as in a comparison at equal cores. Empty: unpinned.
-    cpus: list[NonNegativeInt] = []
-    # Serve's cap on calls in flight to one replica (its own default, 5, would starve the engine's
-    # continuous batching); past it, requests wait in Serve's queue rather than the engine's.
-    max_ongoing_requests: int = Field(DEFAULT_MAX_ONGOING_REQUESTS, ge=1)
-    resources: dict[str, float] = {}  # custom Ray resources, e.g. {"prefill_node": 1}
-    graceful_shutdown_timeout_s: float = Field(DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S, ge=0)
-    # The planner's bounds (none: `replicas`, so a pool the planner may not move stays put).
+    # The scaler's bounds (none: `replicas`, so a deployment no scaler may move stays put).
     min_replicas: int | None = Field(None, ge=0)
     max_replicas: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _bounds_hold_the_start(self) -> "PoolConfig":
+    def _bounds_hold_the_start(self) -> "_Replicas":
         if not self.lowest <= self.replicas <= self.highest:
             raise ValueError(
                 f"need min_replicas <= replicas <= max_replicas, got {self.lowest} <= "
@@ -99,6 +91,39 @@ class PoolConfig(_Strict):
     @property
     def highest(self) -> int:
         return self.replicas if self.max_replicas is None else self.max_replicas
+
+
+class PoolConfig(_Replicas):
+    """One worker pool: how many replicas (the planner moves them within the bounds), and what
+    each needs from Ray."""
+
+    num_cpus: float = Field(0.0, ge=0)  # a replica's engine thread shares the node's cores
+    # Cores the replicas are pinned to, the replica of rank r to cpus[r % len(cpus)] (Linux): a
+    # replica then computes on its own core, as in a comparison at equal cores. Empty: unpinned.
+    cpus: list[NonNegativeInt] = []
+    # Serve's cap on calls in flight to one replica (its own default, 5, would starve the engine's
+    # continuous batching); past it, requests wait in Serve's queue rather than the engine's.
+    max_ongoing_requests: int = Field(DEFAULT_MAX_ONGOING_REQUESTS, ge=1)
+    resources: dict[str, float] = {}  # custom Ray resources, e.g. {"prefill_node": 1}
+    graceful_shutdown_timeout_s: float = Field(DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S, ge=0)
+
+
+class RouterConfig(_Replicas):
+    """The router deployment. Its replicas share nothing: each holds the streams Serve's proxies
+    gave it and bounds each model's requests in flight by ``max_concurrent_requests`` on its own.
+    With ``max_replicas`` above ``min_replicas``, Serve's autoscaler sizes it by the requests its
+    replicas hold (not beside the planner: Serve runs no autoscaler beside an external scaler)."""
+
+    replicas: int = Field(1, ge=1)
+    min_replicas: int | None = Field(None, ge=1)
+    # Serve's autoscaling target: requests in flight per router replica.
+    target_ongoing_requests: float = Field(DEFAULT_ROUTER_TARGET_ONGOING_REQUESTS, gt=0)
+    # Serve's cap on requests in flight through one router replica; past it Serve queues them.
+    max_ongoing_requests: int = Field(DEFAULT_ROUTER_MAX_ONGOING_REQUESTS, ge=1)
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.highest > self.lowest
 
 
 class RoutingConfig(_Strict):
@@ -179,7 +204,8 @@ class ServedModel(_Strict):
     # A request whose decode replica dies goes on at another this many times
     # (router/dispatch/migration.py).
     migration_limit: int = Field(DEFAULT_MIGRATION_LIMIT, ge=0)
-    # Past this many of the model's requests in flight in the router, one more gets 429 at once.
+    # Past this many of the model's requests in flight in one router replica, one more gets 429
+    # at once.
     max_concurrent_requests: int = Field(DEFAULT_MAX_CONCURRENT_REQUESTS, ge=1)
 
     @field_validator("path")
@@ -224,7 +250,7 @@ class ClusterConfig(_Strict):
     http_host: str = "0.0.0.0"
     http_port: int = DEFAULT_HTTP_PORT
     grpc_port: int = DEFAULT_GRPC_PORT
-    router_max_ongoing_requests: int = Field(DEFAULT_ROUTER_MAX_ONGOING_REQUESTS, ge=1)
+    router: RouterConfig = RouterConfig()
     planner: PlannerConfig = PlannerConfig()
     # Bearer keys the router accepts (none: open). Secret: masked in reprs and JSON dumps; the
     # router replica gets only their digests (cluster/app.py).
@@ -240,13 +266,24 @@ class ClusterConfig(_Strict):
 
     @model_validator(mode="after")
     def _router_refuses_before_serve_queues(self) -> "ClusterConfig":
-        # Past router_max_ongoing_requests, Serve queues requests for the router without bound;
-        # the models' limits must be reached first, with room left to answer 429s and probes.
+        # Past the router's max_ongoing_requests, Serve queues requests for a router replica
+        # without bound; the models' limits must be reached first, with room left to answer 429s
+        # and probes.
         admitted = sum(m.max_concurrent_requests for m in self.models)
-        if admitted >= self.router_max_ongoing_requests:
+        if admitted >= self.router.max_ongoing_requests:
             raise ValueError(
-                f"router_max_ongoing_requests ({self.router_max_ongoing_requests}) must exceed "
+                f"router.max_ongoing_requests ({self.router.max_ongoing_requests}) must exceed "
                 f"the models' max_concurrent_requests together ({admitted})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_scaler(self) -> "ClusterConfig":
+        if self.planner.enabled and self.router.autoscaled:
+            raise ValueError(
+                "the planner is an external scaler, beside which Serve autoscales nothing: give "
+                f"the router a fixed count (router.replicas), not {self.router.lowest} to "
+                f"{self.router.highest}"
             )
         return self
 

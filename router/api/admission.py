@@ -1,11 +1,13 @@
-"""The router's bound on requests in flight, per model: past it, a request is refused at once.
+"""A router replica's bound on requests in flight, per model: past it, a request is refused at
+once.
 
 Each model's ``max_concurrent_requests`` (``serving/config.py``) caps the API requests of that
-model this router holds at a time, streams included; one more gets 429 (HTTP, with
-``Retry-After``) or RESOURCE_EXHAUSTED (gRPC) instead of waiting, so overload never builds a
-queue here. Both transports take their slots from the same ``Admission``. A slot is taken by
-``start_group`` and given back when the request group closes, which every path does: completion,
-a refusal, a failure, a disconnected client, a cancelled stream.
+model this router replica holds at a time, streams included (each replica counts its own); one
+more gets 429 (HTTP, with ``Retry-After``) or RESOURCE_EXHAUSTED (gRPC) instead of waiting, so
+overload never builds a queue here. Both transports take their slots from the same
+``Admission``. A slot is taken by ``start_group`` and given back when the request group closes,
+which every path does: completion, a refusal, a failure, a disconnected client, a cancelled
+stream.
 """
 
 import threading

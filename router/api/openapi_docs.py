@@ -45,7 +45,8 @@ GENERATION_ERRORS: Responses = {
     ),
     HTTPStatus.NOT_FOUND: _error("no such model"),
     HTTPStatus.TOO_MANY_REQUESTS: _error(
-        "the model has max_concurrent_requests in flight in the router", headers=RETRY_AFTER
+        "the model has max_concurrent_requests in flight in this router replica",
+        headers=RETRY_AFTER,
     ),
     HTTPStatus.SERVICE_UNAVAILABLE: _error(
         "the engines have no room for the request (with Retry-After), or cannot serve",

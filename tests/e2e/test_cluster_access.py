@@ -42,7 +42,7 @@ def cluster(ray_cluster, tiny_model_dir):
 
 
 def _in_flight() -> dict[str, int]:
-    return serve.get_app_handle(APP_NAME).requests_in_flight.remote().result()
+    return serve.get_app_handle(APP_NAME).requests_in_flight.remote().result()["models"]
 
 
 def _request(url: str, body: dict, key: str | None) -> urllib.request.Request:

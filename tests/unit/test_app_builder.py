@@ -1,5 +1,5 @@
-"""What ``build_app`` binds, read back from Serve's application graph (no cluster): each pool's
-deployment options, and the planner only when it is on."""
+"""What ``build_app`` binds, read back from Serve's application graph (no cluster): the router's
+and each pool's deployment options, and the planner only when it is on."""
 
 from pathlib import Path
 
@@ -46,6 +46,18 @@ def test_pools_carry_their_serve_options(tiny_model_dir: Path) -> None:
     assert decode.ray_actor_options["resources"] == {"decode_node": 1}
     for pool in (prefill, decode):  # a stopping replica exits soon after its last stream
         assert pool._deployment_config.graceful_shutdown_wait_loop_s == DRAIN_POLL_S
+
+
+def test_the_router_runs_its_count_or_serves_autoscaler(tiny_model_dir: Path) -> None:
+    router = build_app(_config(tiny_model_dir))._bound_deployment
+    assert router.name == "router" and router.num_replicas == 1
+    assert router._deployment_config.autoscaling_config is None
+    config = {**_config(tiny_model_dir), "router": {"replicas": 2, "max_replicas": 6}}
+    scaled = build_app(config)._bound_deployment._deployment_config
+    autoscaling = scaled.autoscaling_config
+    assert (autoscaling.min_replicas, autoscaling.initial_replicas) == (2, 2)
+    assert (autoscaling.max_replicas, autoscaling.target_ongoing_requests) == (6, 256)
+    assert scaled.max_ongoing_requests == 4096  # the router holds streams: far above Serve's 5
 
 
 def test_the_planner_is_bound_when_enabled(tiny_model_dir: Path, tmp_path: Path) -> None:

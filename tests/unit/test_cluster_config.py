@@ -5,7 +5,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from pdserve.serving.config import ClusterConfig, PlannerConfig, PoolConfig
+from pdserve.serving.config import ClusterConfig, PlannerConfig, PoolConfig, RouterConfig
 
 
 def _model(**overrides) -> dict:
@@ -20,7 +20,8 @@ def test_defaults_serve_one_prefill_and_one_decode_replica() -> None:
     assert (config.http_port, config.grpc_port) == (8000, 9000)
     assert model.kv_transfer.backend == "auto" and model.kv_transfer.lease_seconds == 30.0
     # Serve's own default (5 calls in flight per replica) would cap the engine's batch.
-    assert model.decode.max_ongoing_requests == 256 and config.router_max_ongoing_requests > 256
+    assert model.decode.max_ongoing_requests == 256 and config.router.max_ongoing_requests > 256
+    assert (config.router.replicas, config.router.autoscaled) == (1, False)
 
 
 def test_zero_prefill_replicas_is_aggregated() -> None:
@@ -86,16 +87,35 @@ def test_the_planner_needs_a_profile_when_enabled() -> None:
 
 
 def test_models_in_flight_stay_below_the_routers_serve_bound() -> None:
-    # Past router_max_ongoing_requests Serve would queue without bound: the 429 must come first.
+    # Past the router's max_ongoing_requests Serve would queue without bound: the 429 must come
+    # first.
     config = ClusterConfig(models=[_model()])
-    assert config.models[0].max_concurrent_requests < config.router_max_ongoing_requests
+    assert config.models[0].max_concurrent_requests < config.router.max_ongoing_requests
     two = [
         _model(name="a", max_concurrent_requests=60),
         _model(name="b", max_concurrent_requests=40),
     ]
-    assert ClusterConfig(models=two, router_max_ongoing_requests=101).api_keys == []
+    assert ClusterConfig(models=two, router={"max_ongoing_requests": 101}).api_keys == []
     with pytest.raises(pydantic.ValidationError, match=r"must exceed .* together \(100\)"):
-        ClusterConfig(models=two, router_max_ongoing_requests=100)
+        ClusterConfig(models=two, router={"max_ongoing_requests": 100})
+
+
+def test_the_router_has_a_fixed_count_or_serves_autoscaling_bounds() -> None:
+    assert not RouterConfig(replicas=3).autoscaled
+    scaled = RouterConfig(replicas=2, max_replicas=8)
+    assert scaled.autoscaled and (scaled.lowest, scaled.highest) == (2, 8)
+    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 1"):
+        RouterConfig(replicas=0)  # no router, no API
+    with pytest.raises(pydantic.ValidationError, match="min_replicas <= replicas"):
+        RouterConfig(replicas=1, min_replicas=2, max_replicas=4)
+
+
+def test_the_planner_leaves_no_room_for_serves_autoscaler_on_the_router() -> None:
+    planner = {"enabled": True, "profile": "p.json"}
+    fixed = ClusterConfig(models=[_model()], planner=planner, router={"replicas": 2})
+    assert fixed.router.replicas == 2
+    with pytest.raises(pydantic.ValidationError, match=r"external scaler.*not 2 to 4"):
+        ClusterConfig(models=[_model()], planner=planner, router={"replicas": 2, "max_replicas": 4})
 
 
 def test_relative_paths_are_made_absolute_where_the_config_is_read(

@@ -61,15 +61,19 @@ def test_without_the_planner_the_pools_stay_put(tiny_model_dir: Path) -> None:
     assert (model.decode.lowest, model.decode.replicas, model.decode.highest) == (2, 2, 2)
 
 
-def test_api_keys_and_the_in_flight_bound_come_from_the_flags(tiny_model_dir: Path) -> None:
+def test_api_keys_the_in_flight_bound_and_the_routers_come_from_the_flags(
+    tiny_model_dir: Path,
+) -> None:
     args = _args(
         "--model", str(tiny_model_dir), "--api-key", "sk-one", "--api-key", "sk-two",
-        "--max-concurrent-requests", "7",
+        "--max-concurrent-requests", "7", "--router-replicas", "3",
     )  # fmt: skip
     config = serve.cluster_config(args)
     assert [key.get_secret_value() for key in config.api_keys] == ["sk-one", "sk-two"]
     assert config.models[0].max_concurrent_requests == 7
-    assert serve.cluster_config(_args("--model", str(tiny_model_dir))).api_keys == []
+    assert config.router.replicas == 3 and not config.router.autoscaled
+    default = serve.cluster_config(_args("--model", str(tiny_model_dir)))
+    assert default.api_keys == [] and default.router.replicas == 1
 
 
 def test_flag_keys_join_the_keys_of_a_file(tmp_path: Path) -> None:

@@ -1,0 +1,185 @@
+"""Several router replicas (``router.replicas``): Serve's proxy spreads requests over them, each
+counts its own, the cluster's metrics add them up; one SIGKILLed under streams costs only the
+streams it carried: the decode replica stops their calls at once, the other's streams complete
+with the offline engine's tokens, new requests are served, every KV block is freed, and Serve
+starts a replacement.
+
+Two router replicas in front of an aggregated tiny model (one decode replica, no prefill pool).
+"""
+
+import json
+import os
+import signal
+import threading
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+
+from pdserve.cluster.serve import APP_NAME
+from pdserve.engine.llm import LLM
+from pdserve.serving.ray_compat import broadcast
+from pdserve.tests.e2e.serve_replicas import (
+    offline_greedy,
+    random_prompts,
+    token_ids,
+    wait_all_free,
+)
+from pdserve.tests.e2e.streams import (
+    Stream,
+    http_stream,
+    replica_pids,
+    running_by_replica,
+    wait,
+)
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-routers"
+ROUTERS = 2
+DECODE = f"decode-{MODEL}"
+NUM_KV_BLOCKS = 256
+CALL_S = 10.0
+REQUESTS = 24  # at once: Serve's proxy gives each router replica some
+STREAMS = 8
+# Streams that run on for seconds after a router replica is killed under them.
+STREAM_TOKENS = 1200
+TOKENS_BEFORE_KILL = 8
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster, tiny_model_dir):
+    model = {
+        "name": MODEL,
+        "path": str(tiny_model_dir),
+        "engine": {"num_kv_blocks": NUM_KV_BLOCKS},
+        "prefill": {"replicas": 0},
+    }
+    config = ray_cluster.config([model], router={"replicas": ROUTERS})
+    with ray_cluster.serving(config) as served:
+        wait(lambda: len(_each_router("requests_in_flight")) == ROUTERS, "both router replicas")
+        yield served
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_model_dir) -> LLM:
+    return LLM(str(tiny_model_dir), num_kv_blocks=NUM_KV_BLOCKS)
+
+
+def _each_router(method: str) -> list[dict]:
+    """``method``'s answer from every router replica this process's handle knows of that
+    answers (one killed a moment ago is missing)."""
+    handle = serve.get_deployment_handle("router", app_name=APP_NAME)
+    answers = broadcast(handle, method, CALL_S)
+    return [answer for answer in answers if isinstance(answer, dict)]
+
+
+def _routed() -> list[int]:
+    """Each router replica's requests routed so far: its local and remote route decisions."""
+    decisions = [d.get(MODEL, {}) for d in _each_router("route_decisions")]
+    return [d.get("local", 0) + d.get("remote", 0) for d in decisions]
+
+
+def _exported_routes(http_url: str) -> float:
+    """The cluster's ``route_decisions`` counter for the model, summed over its series."""
+    with urllib.request.urlopen(f"{http_url}/metrics", timeout=CALL_S) as response:
+        page = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        if family.name == "ray_pdserve_route_decisions"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("model_name") == MODEL
+    )
+
+
+def _complete(http_url: str, prompt: list[int], max_tokens: int) -> list[int]:
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": 0,
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"{http_url}/v1/completions",
+        json.dumps(body).encode(),
+        {"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=CALL_S * 6) as response:
+        return token_ids(json.load(response)["choices"][0]["logprobs"]["tokens"])
+
+
+def _at_once(calls: list[Callable[[], list[int]]]) -> list[list[int] | str]:
+    """Each call's answer, or its error's repr, all made at once."""
+    results: list[list[int] | str] = [""] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as error:
+            results[i] = repr(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_both_router_replicas_serve_and_the_metrics_add_them_up(cluster, offline):
+    url = f"http://127.0.0.1:{cluster.http_port}"
+    before, exported_before = _routed(), _exported_routes(url)
+    prompts = random_prompts(0, [24] * REQUESTS)
+    answers = _at_once([lambda p=p: _complete(url, p, 8) for p in prompts])
+    assert answers == offline_greedy(offline, prompts, 8)
+    routed = [after - b for after, b in zip(_routed(), before, strict=True)]
+    assert sum(routed) == REQUESTS and min(routed) > 0, routed  # each replica served some
+    # Each replica exports its own counts; the page adds both processes' samples.
+    want = exported_before + REQUESTS
+    wait(lambda: _exported_routes(url) == want, f"{want} route decisions on /metrics")
+
+
+def test_a_router_replica_killed_under_streams_costs_only_its_streams(cluster, offline):
+    url = f"http://127.0.0.1:{cluster.http_port}"
+    prompts = random_prompts(1, [32] * STREAMS)
+    streams = [http_stream(cluster.http_port, MODEL, p, STREAM_TOKENS) for p in prompts]
+    for stream in streams:
+        stream.start()
+    wait(lambda: all(len(s.tokens) >= TOKENS_BEFORE_KILL for s in streams), "every stream")
+    held = {d["replica"]: d["models"][MODEL] for d in _each_router("requests_in_flight")}
+    assert len(held) == ROUTERS and min(held.values()) > 0, held  # both carry streams
+    victim, carried = max(held.items(), key=lambda item: item[1])
+    os.kill(replica_pids("router")[victim], signal.SIGKILL)
+    # The decode replica stops what the dead router's streams asked for, while the others run on.
+    wait(
+        lambda: sum(running_by_replica(DECODE).values()) == STREAMS - carried,
+        "the decode replica to stop the dead router's calls",
+    )
+    # New requests go to the live replica (or the replacement) while the dead one is replaced.
+    fresh = random_prompts(2, [16] * 4)
+    assert _at_once([lambda p=p: _complete(url, p, 8) for p in fresh]) == offline_greedy(
+        offline, fresh, 8
+    )
+    for stream in streams:
+        stream.join(timeout=CALL_S * 12)
+    assert not any(stream.is_alive() for stream in streams)
+    expected = offline_greedy(offline, prompts, STREAM_TOKENS)
+    whole = [s for s, e in zip(streams, expected, strict=True) if s.tokens == e and not s.error]
+    cut = [s for s in streams if s not in whole]
+    # The dead replica's streams end short (a prefix of the right tokens), the others whole.
+    assert len(cut) == carried and len(whole) == STREAMS - carried, (carried, _ends(streams))
+    for stream, tokens in zip(streams, expected, strict=True):
+        assert stream.tokens == tokens[: len(stream.tokens)]
+    wait_all_free({DECODE: 1})
+    wait(lambda: len(replica_pids("router")) == ROUTERS, "Serve's replacement router replica")
+    wait(lambda: len(_each_router("requests_in_flight")) == ROUTERS, "the replacement answering")
+
+
+def _ends(streams: list[Stream]) -> list[tuple[int, str | None]]:
+    return [(len(s.tokens), s.error) for s in streams]
