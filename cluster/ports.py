@@ -3,8 +3,10 @@ line at once, not Ray's traceback from the proxy after the cluster came up."""
 
 import socket
 
+ANY_HOST = "0.0.0.0"
+LOOPBACK = "127.0.0.1"
 # Serve's gRPC proxy listens on every interface, whatever the HTTP host.
-GRPC_HOST = "0.0.0.0"
+GRPC_HOST = ANY_HOST
 
 
 class PortInUseError(OSError):

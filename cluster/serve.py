@@ -8,6 +8,7 @@ folder or a GGUF file with the pool and engine flags, vLLM's names where vLLM ha
 """
 
 import argparse
+import functools
 import random
 import signal
 import socket
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from pdserve.cluster.access import API_KEY_ENV, warn_if_open
 from pdserve.cluster.engine_flags import add_engine_arguments, engine_section
-from pdserve.cluster.ports import check_free
+from pdserve.cluster.gateway import Gateway, ingress_servers, replica_bound
+from pdserve.cluster.ports import LOOPBACK, check_free
 from pdserve.cluster.prometheus import PrometheusServer, local_url, prometheus_binary
 from pdserve.cluster.ray_driver import init_ray
 from pdserve.cluster.serve_env import apply_serve_env
@@ -45,8 +47,6 @@ DEFAULT_MAX_REPLICAS = 4
 # Ports for free_port: above Ray's worker ports (10002-19999 by default), below Serve's
 # direct-ingress ports (30000+) and Linux's ephemeral ports (32768+).
 FREE_PORT_RANGE = (20000, 30000)
-# Where a local cluster's dashboard listens: its API can run code on the cluster.
-LOOPBACK = "127.0.0.1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     parser.add_argument("--address", help="join a running Ray cluster (e.g. auto); default: local")
+    parser.add_argument(
+        "--gateway",
+        action="store_true",
+        help="serve HTTP through HAProxy in front of the router replicas: past their bound it "
+        "answers 429 itself, so a burst never reaches them (a local cluster only)",
+    )
     parser.add_argument(
         "--prometheus",
         action="store_true",
@@ -189,10 +195,20 @@ def _from_file_or_flags(args: argparse.Namespace) -> ClusterConfig:
     )
 
 
-def start(config: ClusterConfig, address: str | None = None, dashboard: bool = False) -> None:
-    """Starts (or joins) Ray, then Serve's HTTP and gRPC proxies, and deploys the app."""
+def start(
+    config: ClusterConfig,
+    address: str | None = None,
+    dashboard: bool = False,
+    behind_gateway: bool = False,
+) -> None:
+    """Starts (or joins) Ray, then Serve's HTTP and gRPC proxies, and deploys the app.
+    ``behind_gateway``: Serve's HTTP proxy on a free loopback port, the config's HTTP port left to
+    the gateway (``cluster/gateway.py``)."""
     connect(address, dashboard)
-    start_proxies(config.http_host, config.http_port, config.grpc_port)
+    if behind_gateway:
+        start_proxies(LOOPBACK, free_port(), config.grpc_port)
+    else:
+        start_proxies(config.http_host, config.http_port, config.grpc_port)
     deploy(config)
 
 
@@ -239,7 +255,7 @@ def connect(
     init_ray(
         address=address or "local",
         include_dashboard=dashboard,
-        dashboard_host=LOOPBACK,
+        dashboard_host=LOOPBACK,  # its API can run code on the cluster
         runtime_env={"env_vars": env_vars},
         **({} if _joined else local),
     )
@@ -297,6 +313,8 @@ def check_models(config: ClusterConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.gateway and joins(args.address):
+        raise SystemExit("pdserve serve: --gateway serves a local cluster, not one at --address")
     config = cluster_config(args)
     check_models(config)
     if not joins(args.address):  # a running cluster's Serve may hold these ports itself
@@ -310,14 +328,21 @@ def run(args: argparse.Namespace) -> int:
     if with_prometheus:
         prometheus_binary()  # before the cluster starts: a missing package fails at once
     warn_if_open(config)
-    start(config, args.address, dashboard=with_prometheus)
-    prometheus = None
+    start(config, args.address, dashboard=with_prometheus, behind_gateway=args.gateway)
+    prometheus = gateway = None
     try:
+        if args.gateway:
+            per_replica = replica_bound(config)
+            servers = functools.partial(ingress_servers, APP_NAME)
+            gateway = Gateway(servers, per_replica, config.http_host, config.http_port)
         if with_prometheus:
             prometheus = PrometheusServer(args.prometheus_port)
         names = ", ".join(m.name for m in config.models)
         print(f"pdserve: serving {names}", flush=True)
         print(f"  HTTP (OpenAI): http://localhost:{config.http_port}/v1", flush=True)
+        if gateway is not None:
+            bound = f"HAProxy, {gateway.per_replica} requests a router replica"
+            print(f"  gateway:       {bound}", flush=True)
         print(f"  gRPC:          localhost:{config.grpc_port}", flush=True)
         print(f"  metrics:       http://localhost:{config.http_port}/metrics", flush=True)
         if prometheus is not None:
@@ -328,6 +353,8 @@ def run(args: argparse.Namespace) -> int:
         stopping.wait()
     finally:
         print("pdserve: shutting down", flush=True)
+        if gateway is not None:
+            gateway.stop()
         if prometheus is not None:
             prometheus.stop()
         stop()

@@ -2,10 +2,10 @@
 fails here and in its test (``tests/unit/test_ray_compat.py``), not across the package.
 
 Written against ``RAY_VERSION``, the ray pyproject pins. What it reaches: Serve's private names
-(the controller's actor and its ``update_deployment_replicas``, how replica actors are named, the
-settings Serve read when imported), Serve's alpha APIs (the request router, a handle's
-``broadcast``), the autoscaler's config check for ``ray up`` files, and a metric's own record
-call (to export a counter at 0).
+(the controller's actor, its ``update_deployment_replicas`` and ``get_target_groups``, how
+replica actors are named, the settings Serve read when imported), Serve's alpha APIs (the
+request router, a handle's ``broadcast``), the autoscaler's config check for ``ray up`` files,
+and a metric's own record call (to export a counter at 0).
 
 Importing this module imports no part of Ray: ``cluster/serve_env.py`` reads Serve's settings
 through it before anything may import ``ray.serve``. So each function imports what it uses, and
@@ -34,6 +34,7 @@ __all__ = [
     "RequestRouterConfig",
     "RunningReplica",
     "broadcast",
+    "http_ingress_targets",
     "kill_replica_actor",
     "record_zero",
     "replica_actors",
@@ -82,6 +83,23 @@ def set_target_replicas(app_name: str, deployment: str, replicas: int, timeout_s
     deployment_id = DeploymentID(name=deployment, app_name=app_name)
     update = controller.update_deployment_replicas.remote(deployment_id, replicas)
     ray.get(update, timeout=timeout_s)
+
+
+def http_ingress_targets(app_name: str, timeout_s: float) -> list[tuple[str, int]]:
+    """Where Serve serves the app's HTTP now, as (ip, port): with direct ingress, each ingress
+    replica's own port (while none runs, Serve's proxy), from the controller's target groups."""
+    import ray
+    from ray.serve._private.common import RequestProtocol
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    groups = ray.get(controller.get_target_groups.remote(app_name), timeout=timeout_s)
+    return sorted(
+        (target.ip, target.port)
+        for group in groups
+        if group.protocol == RequestProtocol.HTTP
+        for target in group.targets
+    )
 
 
 def replica_actors(app_name: str, deployment: str) -> dict[str, str]:

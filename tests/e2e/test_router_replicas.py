@@ -2,11 +2,13 @@
 counts its own, the cluster's metrics add them up; one SIGKILLed under streams costs only the
 streams it carried: the decode replica stops their calls at once, the other's streams complete
 with the offline engine's tokens, new requests are served, every KV block is freed, and Serve
-starts a replacement.
+starts a replacement. Behind the gateway (HAProxy, ``pdserve serve --gateway``) each router
+replica holds at most its bound, and a burst past both is refused 429 before it reaches them.
 
 Two router replicas in front of an aggregated tiny model (one decode replica, no prefill pool).
 """
 
+import functools
 import json
 import os
 import signal
@@ -18,7 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from pdserve.cluster.serve import APP_NAME
+from pdserve.cluster.gateway import Gateway, ingress_servers
+from pdserve.cluster.serve import APP_NAME, free_port
 from pdserve.engine.llm import LLM
 from pdserve.serving.ray_compat import broadcast
 from pdserve.tests.e2e.serve_replicas import (
@@ -47,6 +50,9 @@ STREAMS = 8
 # Streams that run on for seconds after a router replica is killed under them.
 STREAM_TOKENS = 1200
 TOKENS_BEFORE_KILL = 8
+GATEWAY_BOUND = 2  # requests a router replica may hold behind the gateway
+BURST = 12  # streams at once through the gateway: more than the replicas may hold and queue
+BURST_TOKENS = 400
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +149,30 @@ def test_both_router_replicas_serve_and_the_metrics_add_them_up(cluster, offline
     # Each replica exports its own counts; the page adds both processes' samples.
     want = exported_before + REQUESTS
     wait(lambda: _exported_routes(url) == want, f"{want} route decisions on /metrics")
+
+
+def test_the_gateway_holds_each_router_replica_to_its_bound(cluster, offline):
+    gateway = Gateway(
+        functools.partial(ingress_servers, APP_NAME), GATEWAY_BOUND, "127.0.0.1", free_port()
+    )
+    try:
+        assert len(gateway.servers) == ROUTERS
+        prompts = random_prompts(3, [16] * BURST)
+        streams = [http_stream(gateway.port, MODEL, p, BURST_TOKENS) for p in prompts]
+        for stream in streams:
+            stream.start()
+        held = 0  # the most one router replica held, as each counts its own
+        while any(stream.is_alive() for stream in streams):
+            counts = [d["models"][MODEL] for d in _each_router("requests_in_flight")]
+            held = max([held, *counts])
+    finally:
+        gateway.stop()
+    expected = offline_greedy(offline, prompts, BURST_TOKENS)
+    whole = [s for s, e in zip(streams, expected, strict=True) if s.tokens == e and not s.error]
+    refused = [s for s in streams if not s.tokens and "HTTP Error 429" in (s.error or "")]
+    assert len(whole) + len(refused) == BURST, _ends(streams)  # nothing else: no 5xx, no cut
+    assert len(whole) >= ROUTERS * GATEWAY_BOUND and refused, _ends(streams)
+    assert 0 < held <= GATEWAY_BOUND
 
 
 def test_a_router_replica_killed_under_streams_costs_only_its_streams(cluster, offline):

@@ -30,8 +30,13 @@ USED = {
         "ReplicaID.to_full_id_str",
         "ReplicaID.unique_id",
         "ReplicaID.deployment_id",
+        "RequestProtocol.HTTP",
     ],
-    "ray.serve._private.controller": ["ServeController.update_deployment_replicas"],
+    "ray.serve._private.controller": [
+        "ServeController.update_deployment_replicas",
+        "ServeController.get_target_groups",
+    ],
+    "ray.serve.schema": ["TargetGroup.protocol", "TargetGroup.targets", "Target.ip", "Target.port"],
     "ray.serve.request_router": [
         "FIFOMixin",
         "RequestRouter.initialize_state",

@@ -1,0 +1,160 @@
+"""The gateway's real HAProxy in front of stand-ins for the router replicas (local HTTP servers
+that hold each request until told): each replica holds its bound; the next request is refused by
+HAProxy itself (429, OpenAI's envelope, ``Retry-After``) without reaching a replica; a change in
+the replicas reloads it; with none, 503."""
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdserve.cluster.gateway import POLL_S, Gateway, render
+from pdserve.cluster.serve import free_port
+from pdserve.router.api.errors import RETRY_AFTER_S, ErrorResponse
+
+pytestmark = pytest.mark.timeout(60)
+WAIT_S = 20.0
+
+
+class Replica(ThreadingHTTPServer):
+    """Answers Serve's liveness path at once; holds every POST until ``release``."""
+
+    daemon_threads = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.arrived = threading.Semaphore(0)
+        self.posts = 0
+        self.released = threading.Event()
+        super().__init__(("127.0.0.1", 0), _Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # HAProxy's health checks hang up once they read the status
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.server_address[1])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Replica
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(self.server.name.encode())
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self.server.posts += 1
+        self.server.arrived.release()
+        self.server.released.wait(WAIT_S)
+        self._answer(b"done")
+
+
+Answer = tuple[int, Message, bytes]  # status, headers (names in any case), body
+
+
+def _send(url: str, method: str = "POST") -> Answer:
+    data = b"{}" if method == "POST" else None
+    request = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT_S) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+@pytest.fixture
+def replicas() -> Iterator[list[Replica]]:
+    made = [Replica("a"), Replica("b")]
+    yield made
+    for replica in made:
+        replica.released.set()
+        replica.shutdown()
+
+
+def test_past_the_bound_haproxy_refuses_with_openai_429(replicas: list[Replica]) -> None:
+    replica = replicas[0]
+    gateway = Gateway(lambda: [replica.address], 1, "127.0.0.1", free_port())
+    url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    try:
+        answers: list[Answer] = []
+        first = threading.Thread(target=lambda: answers.append(_send(url)))
+        first.start()
+        assert replica.arrived.acquire(timeout=WAIT_S)  # the replica's one slot is taken
+        more = [threading.Thread(target=lambda: answers.append(_send(url))) for _ in range(2)]
+        for thread in more:
+            thread.start()
+        refused = _wait_for(lambda: [a for a in answers if a[0] == 429][1:])  # both, at once
+        assert replica.posts == 1  # the refusal never reached the replica
+        _, headers, body = refused[0]
+        assert headers.get("Retry-After") == str(RETRY_AFTER_S)
+        assert headers.get("Content-Type") == "application/json"
+        assert headers.get("Connection") == "close"  # a refused client holds no connection
+        error = ErrorResponse.model_validate(json.loads(body)).error
+        assert (error.type, error.code) == ("server_error", "too_many_requests")
+        replica.released.set()
+        for thread in [first, *more]:
+            thread.join(WAIT_S)
+        assert sorted(a[0] for a in answers) == [200, 429, 429]
+        assert replica.posts == 1
+    finally:
+        gateway.stop()
+
+
+def test_the_gateway_follows_the_replicas_and_answers_503_without_any(
+    replicas: list[Replica],
+) -> None:
+    current = [replicas[0].address]
+    gateway = Gateway(lambda: list(current), 4, "127.0.0.1", free_port())
+    base = f"http://127.0.0.1:{gateway.port}"
+    try:
+        assert _send(f"{base}/v1/models", "GET")[2] == b"a"
+        current[:] = [replicas[1].address]  # Serve replaced the replica
+        _wait_for(lambda: _send(f"{base}/v1/models", "GET")[2] == b"b")
+        current.clear()
+        _, headers, body = _wait_for(lambda: _only_if_503(_send(f"{base}/v1/models", "GET")))
+        assert headers.get("Retry-After") == str(RETRY_AFTER_S)
+        assert ErrorResponse.model_validate(json.loads(body)).error.code == "unavailable"
+        assert _send(f"{base}/-/gateway", "GET")[0] == 503
+    finally:
+        gateway.stop()
+
+
+def _only_if_503(answer: Answer) -> Answer | None:
+    return answer if answer[0] == 503 else None
+
+
+def _wait_for(probe: Callable[[], Any]) -> Any:
+    """``probe()``'s first truthy answer, polled for a few reloads at most."""
+    for _ in range(int(10 * POLL_S / 0.1)):
+        answer = probe()
+        if answer:
+            return answer
+        threading.Event().wait(0.1)
+    pytest.fail("the gateway did not get there in time")
+
+
+def test_each_replica_is_held_to_the_bound(tmp_path: Path) -> None:
+    config = render([("127.0.0.1", 30000), ("10.0.0.2", 30001)], 7, "0.0.0.0", 8000, tmp_path)
+    assert "bind 0.0.0.0:8000" in config
+    assert "default-server maxconn 7 " in config
+    assert "server router0 127.0.0.1:30000" in config
+    assert "server router1 10.0.0.2:30001" in config
+    assert "return status 429" in config and "be_conn_free(routers)" in config
