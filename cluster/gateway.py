@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdserve.cluster.ports import ANY_HOST, LOOPBACK
-from pdserve.cluster.readiness import wait_ready
+from pdserve.cluster.readiness import end, wait_ready
 from pdserve.router.api.errors import (
     RETRY_AFTER_S,
     TOO_MANY_REQUESTS,
@@ -200,12 +200,6 @@ class Gateway:
     def stop(self) -> None:
         self._stopping.set()
         self._watcher.join()
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        end(self._process, STOP_TIMEOUT_S)
         self._log.close()
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pdserve.cluster.readiness import wait_ready
+from pdserve.cluster.readiness import end, wait_ready
 from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
 
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheus.yml"
@@ -83,13 +83,7 @@ class PrometheusServer:
             raise
 
     def stop(self) -> None:
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        end(self._process, STOP_TIMEOUT_S)
         self._log.close()
         shutil.rmtree(self._data, ignore_errors=True)
 

@@ -1,5 +1,6 @@
-"""Waiting for a server this process started: until it answers its readiness URL, exits, or runs
-out of time (the planner's Prometheus, the two servers of ``bench peers``)."""
+"""A server this process started (the planner's Prometheus, the gateway's HAProxy, the two
+servers of ``bench peers``): waiting until it answers its readiness URL, exits, or runs out of
+time; and ending it."""
 
 import subprocess
 import time
@@ -26,3 +27,14 @@ def wait_ready(
         except (urllib.error.URLError, OSError):
             time.sleep(poll_s)
     raise TimeoutError(f"{name} was not ready at {url} after {timeout_s:.0f} s")
+
+
+def end(process: subprocess.Popen, timeout_s: float) -> None:
+    """Asks ``process`` to end (SIGTERM), kills it past ``timeout_s``, and reaps it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
