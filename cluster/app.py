@@ -108,7 +108,10 @@ def build_app(args: dict[str, Any]) -> Application:
         **_router_replicas(config.router),
         graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
         logging_config=SERVE_LOGGING_CONFIG,
-        ray_actor_options={"num_cpus": ROUTER_NUM_CPUS},
+        ray_actor_options={
+            "num_cpus": ROUTER_NUM_CPUS,
+            "resources": dict(config.router.resources),
+        },
     )
     # The router gets the keys' digests only: the keys stay in this process
     # (router/api/api_keys.py).

@@ -120,6 +120,10 @@ class RouterConfig(_Replicas):
     target_ongoing_requests: float = Field(DEFAULT_ROUTER_TARGET_ONGOING_REQUESTS, gt=0)
     # Serve's cap on requests in flight through one router replica; past it Serve queues them.
     max_ongoing_requests: int = Field(DEFAULT_ROUTER_MAX_ONGOING_REQUESTS, ge=1)
+    # Custom Ray resources each replica needs, e.g. {"router_node": 0.01} where only the head node
+    # offers router_node: the routers beside Serve's proxy, not on a worker a lost host takes with
+    # its streams. Empty: any node.
+    resources: dict[str, float] = {}
 
     @property
     def autoscaled(self) -> bool:

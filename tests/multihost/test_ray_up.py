@@ -171,8 +171,13 @@ def deployed(launched: Launched, model_dir: Path) -> Launched:
 
 
 def replica_hosts(hosts: list[Host], pool: str) -> list[str]:
-    """The hosts where a replica of ``pool`` runs (Ray names its process after the actor)."""
-    actor = f"ServeReplica:{APP_NAME}:{pool}-{MODEL}"
+    """The hosts where a replica of ``pool`` runs."""
+    return deployment_hosts(hosts, f"{pool}-{MODEL}")
+
+
+def deployment_hosts(hosts: list[Host], deployment: str) -> list[str]:
+    """The hosts where a replica of ``deployment`` runs (Ray names its process after the actor)."""
+    actor = f"ServeReplica:{APP_NAME}:{deployment}"
     return [host.name for host in hosts if actor in host.ssh("ps -eo args").stdout]
 
 
@@ -201,10 +206,12 @@ def test_ray_up_starts_the_head_and_its_autoscaler_the_workers(deployed: Launche
 
 
 @pytest.mark.timeout(120)
-def test_prefill_and_decode_replicas_run_on_different_hosts(deployed: Launched) -> None:
+def test_each_pool_runs_on_its_hosts_and_the_router_on_the_head(deployed: Launched) -> None:
     hosts = deployed.hosts
     placed = {pool: replica_hosts(hosts, pool) for pool in POOL_RESOURCES}
     assert placed == {pool: [hosts[i - 1].name for i in ids] for pool, ids in POOL_HOSTS.items()}
+    # Only the head offers router_node (cluster-local.yaml): a lost worker takes no router.
+    assert deployment_hosts(hosts, "router") == [hosts[0].name]
 
 
 @pytest.mark.timeout(180)

@@ -60,6 +60,14 @@ def test_the_router_runs_its_count_or_serves_autoscaler(tiny_model_dir: Path) ->
     assert scaled.max_ongoing_requests == 4096  # the router holds streams: far above Serve's 5
 
 
+def test_the_router_asks_for_the_resources_it_is_given(tiny_model_dir: Path) -> None:
+    router = build_app(_config(tiny_model_dir))._bound_deployment
+    assert router.ray_actor_options["resources"] == {}
+    config = {**_config(tiny_model_dir), "router": {"resources": {"router_node": 0.01}}}
+    pinned = build_app(config)._bound_deployment
+    assert pinned.ray_actor_options["resources"] == {"router_node": 0.01}
+
+
 def test_the_planner_is_bound_when_enabled(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = _config(tiny_model_dir, enabled=True, profile=str(tmp_path / "profile.json"))
     pools = _deployments(build_app(config))

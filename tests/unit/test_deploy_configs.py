@@ -41,6 +41,16 @@ def test_the_aws_cluster_has_a_node_type_per_pool_resource() -> None:
     assert pools["decode"]["resources"] == {"decode_node": 1}
 
 
+def test_the_routers_ask_for_what_only_the_head_offers() -> None:
+    router = _load("serve-cluster.yaml")["applications"][0]["args"]["router"]
+    assert set(router["resources"]) == {"router_node"}
+    types = validate_ray_up_config(_load("cluster.yaml"))["available_node_types"]
+    assert [name for name, spec in types.items() if "router_node" in spec["resources"]] == ["head"]
+    local = _load("cluster-local.yaml")
+    assert "router_node" in " ".join(local["head_start_ray_commands"])
+    assert "router_node" not in " ".join(local["worker_start_ray_commands"])
+
+
 @pytest.mark.parametrize("name", SERVE)
 def test_serve_configs_validate(name: str) -> None:
     _check_serve(_load(name))
