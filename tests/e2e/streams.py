@@ -16,6 +16,7 @@ from pdserve.benchmarks.chaos_replicas import migrations
 from pdserve.cluster.replicas import answering_replica_stats
 from pdserve.cluster.serve import APP_NAME
 from pdserve.router.api.grpc_service import pb, pb_grpc
+from pdserve.router.api.sse import DONE_DATA
 from pdserve.serving.config import ClusterConfig
 from pdserve.tests.e2e.serve_replicas import token_ids
 
@@ -63,7 +64,9 @@ def http_stream(
         with urllib.request.urlopen(request, timeout=WAIT_S) as response:
             for line in response:
                 data = line.decode().removeprefix("data:").strip()
-                if not data or data == "[DONE]":
+                if data == DONE_DATA:
+                    return
+                if not data:
                     continue
                 event = json.loads(data)
                 if "error" in event:  # the in-band error: the status line went out long ago
@@ -71,6 +74,8 @@ def http_stream(
                     return
                 for choice in event["choices"]:
                     stream.tokens += token_ids((choice["logprobs"] or {}).get("tokens") or [])
+        # A body closed cleanly but early (a proxy whose upstream died) reads like a short stream.
+        stream.error = f"the stream ended without {DONE_DATA} after {len(stream.tokens)} tokens"
 
     return Stream(read)
 
