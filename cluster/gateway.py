@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
+from http import HTTPStatus
 from pathlib import Path
 
 from pdserve.cluster.ports import ANY_HOST, LOOPBACK
@@ -72,16 +73,14 @@ UNAVAILABLE_BODY = _refusal(
 
 
 def _refuse(status: int, files: Path, condition: str) -> str:
-    body = files / f"{status}.json"
-    return (
-        f"    http-request return status {status} content-type application/json file {body}"
-        f" hdr Retry-After {RETRY_AFTER_S} hdr Connection close if {condition}"
-    )
+    """The rule answering ``status`` with its error file (``_write_errors``) when ``condition``."""
+    response = files / f"{status}.http"
+    return f"    http-request return status {status} errorfile {response} if {condition}"
 
 
 def render(servers: list[Server], per_replica: int, host: str, port: int, files: Path) -> str:
     """HAProxy's config: ``host:port`` in front of ``servers``, each holding ``per_replica``
-    requests at most; ``files`` holds the refusals' bodies."""
+    requests at most; ``files`` holds the refusals (``_write_errors``)."""
     # No global maxconn: HAProxy takes what the process' file limit allows; connections past it
     # wait in the kernel's accept queue.
     lines = [
@@ -97,11 +96,12 @@ def render(servers: list[Server], per_replica: int, host: str, port: int, files:
         "    timeout check 10s",
         "    timeout client 3600s",
         "    timeout server 3600s",
-        # Each client connection holds one of HAProxy's: a refusal closes its own (below), an
-        # idle one goes after this.
+        # Each client connection holds one of HAProxy's: a refusal closes its own, an idle one
+        # goes after this.
         f"    timeout http-keep-alive {KEEP_ALIVE_S}s",
         # Two requests for the last slot at once: the second waits for one this long, then 503.
         f"    timeout queue {QUEUE_S}s",
+        # HAProxy's own 503 (a request that waited past `timeout queue`), as the rule's below.
         f"    errorfile 503 {files / '503.http'}",
         "frontend api",
         f"    bind {host}:{port}",
@@ -122,15 +122,16 @@ def render(servers: list[Server], per_replica: int, host: str, port: int, files:
     return "\n".join(lines) + "\n"
 
 
-def _write_bodies(files: Path) -> None:
-    (files / "429.json").write_bytes(OVERLOADED_BODY)
-    (files / "503.json").write_bytes(UNAVAILABLE_BODY)
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"retry-after: {RETRY_AFTER_S}\r\ncontent-length: {len(UNAVAILABLE_BODY)}\r\n"
-        "connection: close\r\n\r\n"
-    )
-    (files / "503.http").write_bytes(head.encode() + UNAVAILABLE_BODY)
+def _write_errors(files: Path) -> None:
+    """Each refusal as a whole HTTP response, closing its connection: a refused client holds
+    none of HAProxy's."""
+    for status, body in ((429, OVERLOADED_BODY), (503, UNAVAILABLE_BODY)):
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"retry-after: {RETRY_AFTER_S}\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        )
+        (files / f"{status}.http").write_bytes(head.encode() + body)
 
 
 def haproxy_binary() -> str:
@@ -165,10 +166,11 @@ class Gateway:
         self._list = list_servers
         self._dir = Path(tempfile.mkdtemp(prefix="pdserve-gateway-"))
         self._config = self._dir / "haproxy.cfg"
-        _write_bodies(self._dir)
+        _write_errors(self._dir)
         self.servers = self._list()
         self._write()
-        self._log = open(self._dir / "haproxy.log", "wb")  # noqa: SIM115
+        log = self._dir / "haproxy.log"
+        self._log = open(log, "wb")  # noqa: SIM115
         command = [haproxy_binary(), "-W", "-db", "-f", str(self._config)]
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
         self._stopping = threading.Event()
@@ -176,7 +178,6 @@ class Gateway:
         self._watcher.start()
         try:
             ready = f"http://{LOOPBACK if host == ANY_HOST else host}:{port}{READY_PATH}"
-            log = self._dir / "haproxy.log"
             wait_ready(self._process, "haproxy", ready, log, START_TIMEOUT_S, READY_POLL_S)
         except BaseException:
             self.stop()

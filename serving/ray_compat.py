@@ -94,12 +94,12 @@ def http_ingress_targets(app_name: str, timeout_s: float) -> list[tuple[str, int
 
     controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
     groups = ray.get(controller.get_target_groups.remote(app_name), timeout=timeout_s)
-    return sorted(
+    return [
         (target.ip, target.port)
         for group in groups
         if group.protocol == RequestProtocol.HTTP
         for target in group.targets
-    )
+    ]
 
 
 def replica_actors(app_name: str, deployment: str) -> dict[str, str]:
