@@ -1,8 +1,9 @@
 """The gateway: HAProxy in front of the router replicas, holding each to its bound.
 
-``pdserve serve --gateway`` serves the OpenAI HTTP API through it. Each router replica serves HTTP
-on a port of its own (Serve's direct ingress); the gateway balances requests over those ports,
-least connections first, and lets each replica hold at most ``per_replica`` requests at a time.
+``pdserve serve`` serves the OpenAI HTTP API of a local cluster through it. Each router replica
+serves HTTP on a port of its own (Serve's direct ingress); the gateway balances requests over
+those ports, least connections first, and lets each replica hold at most ``per_replica``
+generation requests at a time, and a few others (models, health, metrics) in slots of their own.
 A request beyond every replica's bound is refused by HAProxy itself, in C, before any Python sees
 it: 429 with ``Retry-After`` and OpenAI's error envelope. So a burst never reaches the replicas'
 event loops, where it starved Serve's health checks until Serve killed the router with every
@@ -15,8 +16,10 @@ finish their streams. gRPC stays on Serve's proxy.
 """
 
 import json
+import resource
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -26,6 +29,8 @@ from pathlib import Path
 
 from pdserve.cluster.ports import ANY_HOST, LOOPBACK
 from pdserve.cluster.readiness import end, wait_ready
+from pdserve.router.api.chat import CHAT
+from pdserve.router.api.completions import COMPLETIONS
 from pdserve.router.api.errors import (
     RETRY_AFTER_S,
     TOO_MANY_REQUESTS,
@@ -37,8 +42,19 @@ from pdserve.serving.config import ClusterConfig
 from pdserve.serving.ray_compat import http_ingress_targets
 
 READY_PATH = "/-/gateway"
+ADMIN_SOCKET = "admin.sock"  # in the gateway's folder
+# A line per request: accepted at (Unix time), client, method, path, status; then milliseconds
+# (HAProxy's timers): Th the connection's handshake, Ti idle before the request began, TR reading
+# its head, Tw queued for a slot, Tc connecting to the replica, Tr the replica's answer's head,
+# Ta the request's first byte to the answer's last, Tt accept to close (-1: did not happen, as a
+# refusal never queues, connects or waits for a replica); the termination state, the replica,
+# bytes sent.
+ACCESS_LOG_FORMAT = "%Ts.%ms %ci:%cp %HM %HP %ST %Th %Ti %TR %Tw %Tc %Tr %Ta %Tt %tsc %s %B"
+# What the bound counts: the requests that hold an engine's work.
+GENERATION_PATHS = (COMPLETIONS.path, CHAT.path)
+CONTROL_PER_REPLICA = 8  # requests on any other path one router replica may hold
 KEEP_ALIVE_S = 60
-QUEUE_S = 5
+QUEUE_MS = 500
 START_TIMEOUT_S = 30.0
 READY_POLL_S = 0.2
 POLL_S = 1.0  # how often the gateway asks Serve where the router replicas are
@@ -78,47 +94,77 @@ def _refuse(status: int, files: Path, condition: str) -> str:
     return f"    http-request return status {status} errorfile {response} if {condition}"
 
 
-def render(servers: list[Server], per_replica: int, host: str, port: int, files: Path) -> str:
+def render(
+    servers: list[Server],
+    per_replica: int,
+    host: str,
+    port: int,
+    files: Path,
+    access_log: bool = False,
+) -> str:
     """HAProxy's config: ``host:port`` in front of ``servers``, each holding ``per_replica``
-    requests at most; ``files`` holds the refusals (``_write_errors``)."""
-    # No global maxconn: HAProxy takes what the process' file limit allows; connections past it
-    # wait in the kernel's accept queue.
+    generation requests at most, and ``CONTROL_PER_REPLICA`` of the rest (models, health,
+    metrics, the API's document) beside them; ``files`` holds the refusals (``_write_errors``);
+    with ``access_log``, a line per request on HAProxy's stdout (``ACCESS_LOG_FORMAT``)."""
+    # No global maxconn: HAProxy takes what the process' file limit allows (two files a
+    # connection); connections past it wait in the kernel's accept queues, one per thread
+    # (`shards by-thread`; a thread per core HAProxy may run on, its default), each as long as
+    # net.core.somaxconn allows (past that, a client sends its SYN again a second later).
     lines = [
         "global",
-        "    nbthread 1",
+        # HAProxy's runtime API, for operators: `show info`, `show stat`, `show servers state`.
+        f"    stats socket {files / ADMIN_SOCKET} mode 600 level operator",
+        *(["    log stdout format raw local0 info"] if access_log else []),
         f"    hard-stop-after {HARD_STOP_AFTER_S}s",
         "defaults",
         "    mode http",
         "    option http-no-delay",
         "    option abortonclose",
         "    timeout connect 5s",
-        # A replica's health check may wait behind its streams: down only after 3 missed 10 s.
-        "    timeout check 10s",
+        "    timeout check 5s",
         "    timeout client 3600s",
         "    timeout server 3600s",
         # Each client connection holds one of HAProxy's: a refusal closes its own, an idle one
         # goes after this.
         f"    timeout http-keep-alive {KEEP_ALIVE_S}s",
-        # Two requests for the last slot at once: the second waits for one this long, then 503.
-        f"    timeout queue {QUEUE_S}s",
-        # HAProxy's own 503 (a request that waited past `timeout queue`), as the rule's below.
+        # Two requests for the last slot at once (the rule below looks before either holds it):
+        # the second waits for one this long, then is refused as the rule would have (the
+        # backends' own 503 is the 429).
+        f"    timeout queue {QUEUE_MS}ms",
+        # HAProxy's own 503 elsewhere (the monitor's, no replica), as the rule's below.
         f"    errorfile 503 {files / '503.http'}",
+        # A replica that refuses the connection (gone since the last look): another one.
+        "    option redispatch",
+        "    retries 2",
         "frontend api",
-        f"    bind {host}:{port}",
+        f"    bind {host}:{port} shards by-thread",
+        *(["    log global", f'    log-format "{ACCESS_LOG_FORMAT}"'] if access_log else []),
         # For load balancers and `wait_ready`: 200 while a router replica is up, else 503.
         f"    monitor-uri {READY_PATH}",
         "    monitor fail if { nbsrv(routers) eq 0 }",
         _refuse(503, files, "{ nbsrv(routers) eq 0 }"),
+        f"    acl generation path {' '.join(GENERATION_PATHS)}",
         # No replica with a free slot: refused before it could wait for one.
-        _refuse(429, files, "!{ be_conn_free(routers) gt 0 }"),
-        "    default_backend routers",
+        _refuse(429, files, "generation !{ be_conn_free(routers) gt 0 }"),
+        _refuse(429, files, "!generation !{ be_conn_free(control) gt 0 }"),
+        "    use_backend routers if generation",
+        "    default_backend control",
         "backend routers",
         "    balance leastconn",
-        # Serve's own liveness path on a direct-ingress replica: no engine call behind it.
-        "    option httpchk GET /-/healthz",
-        f"    default-server maxconn {per_replica} check inter 2s fall 3 rise 1",
+        f"    errorfile 503 {files / '429.http'}",
+        # A connection check: a replica whose process is gone is down at once. An HTTP check
+        # waited behind a busy router's streams and took it out of service under a burst;
+        # Serve's own health checks replace a hung replica, and the watch follows them.
+        f"    default-server maxconn {per_replica} check inter 2s fall 2 rise 1",
     ]
     lines += [f"    server router{i} {ip}:{p}" for i, (ip, p) in enumerate(servers)]
+    # The same replicas, up or down as the checks above find them, with slots of their own: a
+    # health probe or a scrape is answered while the generation slots are full.
+    lines += ["backend control", "    balance leastconn", f"    errorfile 503 {files / '429.http'}"]
+    lines += [
+        f"    server router{i} {ip}:{p} maxconn {CONTROL_PER_REPLICA} track routers/router{i}"
+        for i, (ip, p) in enumerate(servers)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -150,10 +196,18 @@ def ingress_servers(app: str) -> list[Server]:
     return sorted((LOOPBACK if ip == here else ip, port) for ip, port in targets)
 
 
+def _open_files_to_the_limit() -> None:
+    """HAProxy holds two files per connection, and sizes its connections to the file limit it
+    inherits: a soft limit of 1,024, common, would hold 500. This process raises its own to the
+    hard limit (``ulimit -Hn``) before it starts HAProxy."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 class Gateway:
     """A running HAProxy on ``host:port`` in front of the servers ``list_servers`` names (the
-    router replicas: ``ingress_servers``), each holding ``per_replica`` requests at most;
-    ``stop`` ends it."""
+    router replicas: ``ingress_servers``), each holding ``per_replica`` requests at most, with
+    an access log at ``access_log`` if given; ``stop`` ends it."""
 
     def __init__(
         self,
@@ -161,8 +215,10 @@ class Gateway:
         per_replica: int,
         host: str,
         port: int,
+        access_log: Path | None = None,
     ) -> None:
         self.per_replica, self.host, self.port = per_replica, host, port
+        self.access_log = access_log
         self._list = list_servers
         self._dir = Path(tempfile.mkdtemp(prefix="pdserve-gateway-"))
         self._config = self._dir / "haproxy.cfg"
@@ -171,8 +227,15 @@ class Gateway:
         self._write()
         log = self._dir / "haproxy.log"
         self._log = open(log, "wb")  # noqa: SIM115
+        # Its own messages go to stderr; with the access log, each request's line to stdout.
+        self._access = None if access_log is None else open(access_log, "ab")  # noqa: SIM115
         command = [haproxy_binary(), "-W", "-db", "-f", str(self._config)]
-        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        _open_files_to_the_limit()
+        self._process = subprocess.Popen(
+            command,
+            stdout=self._log if self._access is None else self._access,
+            stderr=self._log,
+        )
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="gateway", daemon=True)
         self._watcher.start()
@@ -183,8 +246,25 @@ class Gateway:
             self.stop()
             raise
 
+    def max_connections(self) -> int:
+        """The client connections HAProxy holds at once (past them, new ones wait in the
+        kernel's accept queue): its ``Maxconn``, from its file limit."""
+        with socket.socket(socket.AF_UNIX) as admin:
+            admin.settimeout(LIST_TIMEOUT_S)
+            admin.connect(str(self._dir / ADMIN_SOCKET))
+            admin.sendall(b"show info\n")
+            answer = b"".join(iter(lambda: admin.recv(65536), b"")).decode()
+        return int(answer.split("\nMaxconn: ", 1)[1].split()[0])
+
     def _write(self) -> None:
-        config = render(self.servers, self.per_replica, self.host, self.port, self._dir)
+        config = render(
+            self.servers,
+            self.per_replica,
+            self.host,
+            self.port,
+            self._dir,
+            access_log=self.access_log is not None,
+        )
         self._config.write_text(config)
 
     def _watch(self) -> None:
@@ -203,4 +283,6 @@ class Gateway:
         self._watcher.join()
         end(self._process, STOP_TIMEOUT_S)
         self._log.close()
+        if self._access is not None:
+            self._access.close()
         shutil.rmtree(self._dir, ignore_errors=True)

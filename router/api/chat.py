@@ -33,6 +33,7 @@ def _logprobs(request: ChatCompletionRequest, output: CompletionOutput) -> ChatL
 
 
 class ChatEndpoint:
+    path = "/v1/chat/completions"
     id_prefix = "chatcmpl"
 
     async def start(self, call: Call[ChatCompletionRequest]) -> RequestGroup:

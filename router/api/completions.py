@@ -51,6 +51,7 @@ class _Choices:
 
 
 class CompletionsEndpoint:
+    path = "/v1/completions"
     id_prefix = "cmpl"
 
     async def start(self, call: Call[CompletionRequest]) -> RequestGroup:

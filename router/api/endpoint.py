@@ -67,6 +67,7 @@ class Call(Generic[RequestT]):
 
 
 class Endpoint(Protocol[RequestT, ResponseT, ChunkT]):
+    path: str  # where the HTTP API serves it
     id_prefix: str
 
     async def start(self, call: Call[RequestT]) -> RequestGroup: ...

@@ -107,7 +107,7 @@ def build_http_app(
     chat_responses = openapi_docs.generation_responses(ChatCompletion, ChatCompletionChunk)
 
     @app.post(
-        "/v1/completions",
+        COMPLETIONS.path,
         response_model=None,
         dependencies=guard,
         responses={**completion_responses, **unauthorized},
@@ -116,7 +116,7 @@ def build_http_app(
         return await answer(COMPLETIONS, body, raw)
 
     @app.post(
-        "/v1/chat/completions",
+        CHAT.path,
         response_model=None,
         dependencies=guard,
         responses={**chat_responses, **unauthorized},

@@ -1,7 +1,7 @@
 """The gateway's real HAProxy in front of stand-ins for the router replicas (local HTTP servers
 that hold each request until told): each replica holds its bound; the next request is refused by
-HAProxy itself (429, OpenAI's envelope, ``Retry-After``) without reaching a replica; a change in
-the replicas reloads it; with none, 503."""
+HAProxy itself (429, OpenAI's envelope, ``Retry-After``) without reaching a replica, while other
+paths are still answered; a change in the replicas reloads it; with none, 503."""
 
 import json
 import threading
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pdserve.cluster.gateway import POLL_S, Gateway, render
+from pdserve.cluster.gateway import CONTROL_PER_REPLICA, POLL_S, Gateway, render
 from pdserve.cluster.serve import free_port
 from pdserve.router.api.errors import RETRY_AFTER_S, ErrorResponse
 
@@ -89,9 +89,12 @@ def replicas() -> Iterator[list[Replica]]:
         replica.shutdown()
 
 
-def test_past_the_bound_haproxy_refuses_with_openai_429(replicas: list[Replica]) -> None:
+def test_past_the_bound_haproxy_refuses_with_openai_429(
+    replicas: list[Replica], tmp_path: Path
+) -> None:
     replica = replicas[0]
-    gateway = Gateway(lambda: [replica.address], 1, "127.0.0.1", free_port())
+    access_log = tmp_path / "access.log"
+    gateway = Gateway(lambda: [replica.address], 1, "127.0.0.1", free_port(), access_log)
     url = f"http://127.0.0.1:{gateway.port}/v1/completions"
     try:
         answers: list[Answer] = []
@@ -103,6 +106,10 @@ def test_past_the_bound_haproxy_refuses_with_openai_429(replicas: list[Replica])
             thread.start()
         refused = _wait_for(lambda: [a for a in answers if a[0] == 429][1:])  # both, at once
         assert replica.posts == 1  # the refusal never reached the replica
+        base = f"http://127.0.0.1:{gateway.port}"
+        assert _send(f"{base}/v1/chat/completions")[0] == 429  # one bound for both paths
+        # The other paths have slots of their own: a probe or a scrape is still answered.
+        assert _send(f"{base}/health", "GET")[:3:2] == (200, b"a")
         _, headers, body = refused[0]
         assert headers.get("Retry-After") == str(RETRY_AFTER_S)
         assert headers.get("Content-Type") == "application/json"
@@ -114,8 +121,17 @@ def test_past_the_bound_haproxy_refuses_with_openai_429(replicas: list[Replica])
             thread.join(WAIT_S)
         assert sorted(a[0] for a in answers) == [200, 429, 429]
         assert replica.posts == 1
+        assert gateway.max_connections() > 0
     finally:
         gateway.stop()
+    # A line per request, ACCESS_LOG_FORMAT's fields: the refusals never queued for a replica.
+    lines = [line.split() for line in access_log.read_text().splitlines()]
+    by_path = sorted((fields[3], int(fields[4]), int(fields[8])) for fields in lines)
+    completions, chat = "/v1/completions", "/v1/chat/completions"
+    assert by_path == [
+        ("/health", 200, 0), (chat, 429, -1), (completions, 200, 0), (completions, 429, -1),
+        (completions, 429, -1),
+    ]  # fmt: skip
 
 
 def test_the_gateway_follows_the_replicas_and_answers_503_without_any(
@@ -158,3 +174,9 @@ def test_each_replica_is_held_to_the_bound(tmp_path: Path) -> None:
     assert "server router0 127.0.0.1:30000" in config
     assert "server router1 10.0.0.2:30001" in config
     assert "return status 429" in config and "be_conn_free(routers)" in config
+    control = f"server router1 10.0.0.2:30001 maxconn {CONTROL_PER_REPLICA} track routers/router1"
+    assert control in config
+    # A request that raced another for the last slot and waited past `timeout queue`: the 429.
+    for backend in ("routers", "control"):
+        section = config.split(f"\nbackend {backend}\n")[1].split("\nbackend ")[0]
+        assert f"errorfile 503 {tmp_path / '429.http'}" in section
