@@ -102,9 +102,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="join a running Ray cluster (e.g. auto); default: local")
     parser.add_argument(
         "--gateway",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="serve HTTP through HAProxy in front of the router replicas: past their bound it "
-        "answers 429 itself, so a burst never reaches them (a local cluster only)",
+        "answers 429 itself, so a burst never reaches them (default: on for a local cluster, "
+        "off with --address)",
+    )
+    parser.add_argument(
+        "--gateway-access-log",
+        type=Path,
+        metavar="FILE",
+        help="append a line per HTTP request to FILE: status, replica and HAProxy's timers "
+        "(cluster/gateway.py: ACCESS_LOG_FORMAT)",
     )
     parser.add_argument(
         "--prometheus",
@@ -312,9 +320,19 @@ def check_models(config: ClusterConfig) -> None:
         load_generation_defaults(model.engine_config())
 
 
-def run(args: argparse.Namespace) -> int:
+def wants_gateway(args: argparse.Namespace) -> bool:
+    """Whether ``pdserve serve`` runs the gateway: for a local cluster unless ``--no-gateway``;
+    never for one it joins, whose Serve proxy serves HTTP as that cluster was deployed."""
     if args.gateway and joins(args.address):
         raise SystemExit("pdserve serve: --gateway serves a local cluster, not one at --address")
+    wanted = not joins(args.address) if args.gateway is None else args.gateway
+    if args.gateway_access_log is not None and not wanted:
+        raise SystemExit("pdserve serve: --gateway-access-log is the gateway's: no gateway runs")
+    return wanted
+
+
+def run(args: argparse.Namespace) -> int:
+    with_gateway = wants_gateway(args)
     config = cluster_config(args)
     check_models(config)
     if not joins(args.address):  # a running cluster's Serve may hold these ports itself
@@ -328,20 +346,29 @@ def run(args: argparse.Namespace) -> int:
     if with_prometheus:
         prometheus_binary()  # before the cluster starts: a missing package fails at once
     warn_if_open(config)
-    start(config, args.address, dashboard=with_prometheus, behind_gateway=args.gateway)
+    start(config, args.address, dashboard=with_prometheus, behind_gateway=with_gateway)
     prometheus = gateway = None
     try:
-        if args.gateway:
+        if with_gateway:
             per_replica = replica_bound(config)
             servers = functools.partial(ingress_servers, APP_NAME)
-            gateway = Gateway(servers, per_replica, config.http_host, config.http_port)
+            gateway = Gateway(
+                servers,
+                per_replica,
+                config.http_host,
+                config.http_port,
+                access_log=args.gateway_access_log,
+            )
         if with_prometheus:
             prometheus = PrometheusServer(args.prometheus_port)
         names = ", ".join(m.name for m in config.models)
         print(f"pdserve: serving {names}", flush=True)
         print(f"  HTTP (OpenAI): http://localhost:{config.http_port}/v1", flush=True)
         if gateway is not None:
-            bound = f"HAProxy, {gateway.per_replica} requests a router replica"
+            bound = (
+                f"HAProxy, {gateway.per_replica} requests a router replica, "
+                f"{gateway.max_connections()} connections"
+            )
             print(f"  gateway:       {bound}", flush=True)
         print(f"  gRPC:          localhost:{config.grpc_port}", flush=True)
         print(f"  metrics:       http://localhost:{config.http_port}/metrics", flush=True)

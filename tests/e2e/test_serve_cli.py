@@ -1,6 +1,7 @@
 """``pdserve serve`` as a user starts it: the default model (SmolLM2-135M-Instruct, or where its
-wheel is missing the built-in tiny model), a streamed chat completion, its Prometheus (where the
-package is installed), Ctrl-C, and no Ray or Prometheus process left behind. Free ports stand in
+wheel is missing the built-in tiny model), a streamed chat completion through its gateway, its
+Prometheus (where the package is installed), Ctrl-C, and no Ray, HAProxy or Prometheus process
+left behind. Free ports stand in
 for the default ones, which another program may hold."""
 
 import shutil
@@ -12,23 +13,24 @@ from pathlib import Path
 import openai
 import pytest
 
+from pdserve.cluster.gateway import READY_PATH
 from pdserve.cluster.serve import free_port
 from pdserve.cluster.served_model import smollm2_gguf
 from pdserve.tests.serve_process import EXIT_TIMEOUT_S, pdserve_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_ray_cluster]
 
-RAY_DAEMONS = ("raylet", "gcs_server")
+DAEMONS = ("raylet", "gcs_server", "haproxy")  # Ray's and the gateway's
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 64  # SmolLM2 answers it in one sentence and stops
 IGNORE_EOS = {"ignore_eos": True}  # the tiny model's random text runs to its length
 
 
-def _ray_daemon_pids() -> set[int]:
+def _daemon_pids() -> set[int]:
     pids = set()
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and (proc / "comm").read_text().strip() in RAY_DAEMONS:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() in DAEMONS:
                 pids.add(int(proc.name))
         except OSError:  # the process ended while we looked
             continue
@@ -41,7 +43,7 @@ def _listening(port: int) -> bool:
 
 
 def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
-    before = _ray_daemon_pids()
+    before = _daemon_pids()
     http_port = free_port()
     flags = ["--http-port", str(http_port), "--grpc-port", str(free_port())]
     prometheus_port = free_port() if shutil.which("prometheus") else None
@@ -58,6 +60,10 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
             with urllib.request.urlopen(f"{url}/-/ready", timeout=10) as ready:
                 assert ready.status == 200
 
+        assert any(line.split()[:2] == ["gateway:", "HAProxy,"] for line in printed), printed
+        gateway = f"http://127.0.0.1:{http_port}{READY_PATH}"
+        with urllib.request.urlopen(gateway, timeout=10) as ready:
+            assert ready.status == 200  # HAProxy holds the port, a router replica behind it
         base_url = f"http://127.0.0.1:{http_port}/v1"
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
             stream = client.chat.completions.create(
@@ -76,9 +82,9 @@ def test_serve_answers_then_exits_cleanly(tmp_path: Path) -> None:
         else:
             assert text and chunks[-1].choices[0].finish_reason == "length"
     deadline = time.monotonic() + EXIT_TIMEOUT_S
-    while (left := _ray_daemon_pids() - before) and time.monotonic() < deadline:
+    while (left := _daemon_pids() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not left, f"Ray daemons left running: {left}"
+    assert not left, f"Ray or HAProxy left running: {left}"
     assert prometheus_port is None or not _listening(prometheus_port), "Prometheus still runs"
 
 

@@ -95,6 +95,17 @@ def test_a_local_cluster_keeps_its_dashboard_on_loopback(monkeypatch: pytest.Mon
     assert kwargs["dashboard_host"] == serve.LOOPBACK == "127.0.0.1"
 
 
+def test_the_gateway_fronts_a_local_cluster_unless_told_not_to() -> None:
+    assert serve.wants_gateway(_args())
+    assert serve.wants_gateway(_args("--address", "local"))
+    assert not serve.wants_gateway(_args("--no-gateway"))
+    assert not serve.wants_gateway(_args("--address", "auto"))  # a running cluster's own front
+    with pytest.raises(SystemExit, match="local cluster"):
+        serve.wants_gateway(_args("--address", "auto", "--gateway"))
+    with pytest.raises(SystemExit, match="no gateway runs"):
+        serve.wants_gateway(_args("--no-gateway", "--gateway-access-log", "a.log"))
+
+
 def test_engine_flags_are_the_config_s_engine_section(tiny_model_dir: Path) -> None:
     args = _args(
         str(tiny_model_dir), "--dtype", "bfloat16", "--max-model-len", "512",
