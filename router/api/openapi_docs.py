@@ -3,7 +3,9 @@ the body it really has, and nothing else.
 
 FastAPI documents a 200 and its 422 validation error on its own; this server turns validation
 errors into 400s in OpenAI's error envelope (``http_app.py``), so the 422 is taken out of the
-document and each error status is documented with ``ErrorResponse``. A generation endpoint
+document and each error status is documented with ``ErrorResponse``. Every operation also lists
+the refusals of the gateway in front of the router replicas (``GATEWAY``: 429 and 503 with
+``Retry-After``), which answers them on any path. A generation endpoint
 answers with JSON, or with server-sent events when ``stream`` is true: each event's ``data`` is a
 chunk as JSON, an error envelope (a failure after the stream started), or ``[DONE]``.
 """
@@ -38,21 +40,48 @@ def _error(description: str, **extra: Any) -> dict[str, Any]:
 
 SERVER_ERROR: Responses = {HTTPStatus.INTERNAL_SERVER_ERROR: _error("an unexpected server error")}
 UNAUTHORIZED: Responses = {HTTPStatus.UNAUTHORIZED: _error("a missing or wrong API key")}
-STOPPED: Responses = {HTTPStatus.SERVICE_UNAVAILABLE: _error("a model's engine cannot serve")}
+STOPPED: Responses = {
+    HTTPStatus.SERVICE_UNAVAILABLE: _error(
+        "a model's engine cannot serve, or (the gateway, with Retry-After) no router replica is up",
+        headers=RETRY_AFTER,
+    )
+}
 GENERATION_ERRORS: Responses = {
     HTTPStatus.BAD_REQUEST: _error(
         "an invalid request: malformed JSON, a field out of range, a prompt over the context"
     ),
     HTTPStatus.NOT_FOUND: _error("no such model"),
     HTTPStatus.TOO_MANY_REQUESTS: _error(
-        "the model has max_concurrent_requests in flight in this router replica",
+        "the model has max_concurrent_requests in flight in this router replica, or (the "
+        "gateway) every router replica holds as many requests as it may",
         headers=RETRY_AFTER,
     ),
     HTTPStatus.SERVICE_UNAVAILABLE: _error(
-        "the engines have no room for the request (with Retry-After), or cannot serve",
+        "the engines have no room for the request (with Retry-After), or cannot serve, or (the "
+        "gateway) no router replica is up",
         headers=RETRY_AFTER,
     ),
     **SERVER_ERROR,
+}
+
+
+def _gateway_answer(description: str) -> dict[str, Any]:
+    """A refusal of the gateway in front of the router replicas (cluster/gateway.py), as the
+    document writes a response."""
+    schema = {"$ref": REF_PREFIX + ErrorResponse.__name__}
+    return {
+        "description": f"the gateway: {description}",
+        "headers": RETRY_AFTER,
+        "content": {"application/json": {"schema": schema}},
+    }
+
+
+# What the gateway may answer on any path, where the operation does not say more already.
+GATEWAY = {
+    str(HTTPStatus.TOO_MANY_REQUESTS.value): _gateway_answer(
+        "every router replica holds as many requests as it may"
+    ),
+    str(HTTPStatus.SERVICE_UNAVAILABLE.value): _gateway_answer("no router replica is up"),
 }
 
 
@@ -99,6 +128,8 @@ def _document(app: FastAPI, streamed: list[type[BaseModel]]) -> dict[str, Any]:
     for operations in document["paths"].values():
         for operation in operations.values():
             operation["responses"].pop(VALIDATION_STATUS, None)
+            for status, answer in GATEWAY.items():
+                operation["responses"].setdefault(status, answer)
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for name in VALIDATION_SCHEMAS:
         schemas.pop(name, None)

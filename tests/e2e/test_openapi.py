@@ -10,9 +10,11 @@ deterministically, so the run is the same each time. ``openapi_hooks.py`` bounds
 work.
 """
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,8 @@ MAX_RESPONSE_S = 10.0  # the `max_response_time` check's limit: a bounded reques
 RUN_TIMEOUT_S = 300.0
 HOOKS = "pdserve.tests.e2e.openapi_hooks"
 SERVERS = ["http_url", "keyed_http_url"]  # fixtures: the open server, the one with API keys
+# The gateway in front of the router replicas answers these on any path (cluster/gateway.py).
+GATEWAY_OVERLOADED, GATEWAY_UNAVAILABLE = "429", "503"
 
 
 @pytest.fixture(params=SERVERS)
@@ -43,6 +47,16 @@ def server(request: pytest.FixtureRequest) -> tuple[str, list[str]]:
 def test_the_document_has_these_operations(http_url: str) -> None:
     schema = schemathesis.openapi.from_url(f"{http_url}/openapi.json")
     assert [result.ok().label for result in schema.get_all_operations()] == OPERATIONS
+
+
+def test_every_operation_lists_the_gateway_s_refusals(http_url: str) -> None:
+    with urllib.request.urlopen(f"{http_url}/openapi.json", timeout=REQUEST_TIMEOUT_S) as answer:
+        document = json.load(answer)
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status in (GATEWAY_OVERLOADED, GATEWAY_UNAVAILABLE):
+                answer = operation["responses"][status]
+                assert "Retry-After" in answer["headers"], (method, path, status)
 
 
 def test_every_check_passes(server: tuple[str, list[str]], tmp_path: Path) -> None:
