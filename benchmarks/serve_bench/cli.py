@@ -10,13 +10,15 @@ two routing policies) in alternating rounds: every run goes to each model in tur
 prompts and arrivals, and each model's requests over all rounds are summarised together, b over a:
 the comparison on one server, under the same noise, that two servers run one after the other are
 not. Prints the summaries (``metrics.py``: TTFT, TPOT, ITL, E2EL, throughputs, goodput under
-``--slo``) and writes ``--out`` (JSON: config, per-request records, summaries) with PNGs beside
+``--slo``; with ``--probe-interval``, what a lone client beside each run saw: ``probe.py``) and
+writes ``--out`` (JSON: config, per-request records, summaries) with PNGs beside
 it. ``--compare a.json b.json`` prints b's summaries over a's instead, and with ``--out`` plots
 both on the same axes there.
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -35,6 +37,7 @@ from pdserve.benchmarks.serve_bench.datasets import (
 )
 from pdserve.benchmarks.serve_bench.metrics import cell, parse_slos, summarize
 from pdserve.benchmarks.serve_bench.plots import write_compare_plots, write_plots
+from pdserve.benchmarks.serve_bench.probe import Probe
 from pdserve.benchmarks.serve_bench.runner import run_schedule, send_one
 from pdserve.engine.tokenizer import Tokenizer
 
@@ -102,6 +105,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="requests before the runs, untimed")
     parser.add_argument("--seed", type=int, default=0, help="prompts and arrivals")
     parser.add_argument("--disable-tqdm", action="store_true")
+    parser.add_argument(
+        "--probe-interval",
+        type=float,
+        metavar="SECONDS",
+        help="HTTP: beside each run, a lone client in a process of its own sends a one-token "
+        "stream this often and times the server's status line (probe.py)",
+    )
     parser.add_argument(
         "--out", type=Path, help="the result JSON (default: bench-serve.json); the PNGs beside it"
     )
@@ -185,7 +195,11 @@ async def _bench(args: argparse.Namespace, plans: list[RunPlan]) -> dict[str, An
             # a, b, then b, a: a drift of the machine's speed over the rounds favours neither
             for backend in backends if k % 2 == 0 else backends[::-1]:
                 label = plan.label if len(backends) == 1 else f"{backend.model}: {plan.label}"
-                with tqdm(total=len(requests), desc=label, disable=args.disable_tqdm) as bar:
+                probe = _probe(args, backend.model)
+                with (
+                    tqdm(total=len(requests), desc=label, disable=args.disable_tqdm) as bar,
+                    probe or contextlib.nullcontext(),
+                ):
                     records, seconds = await run_schedule(
                         backend, requests, plan.offsets, args.max_concurrency, bar
                     )
@@ -200,6 +214,7 @@ async def _bench(args: argparse.Namespace, plans: list[RunPlan]) -> dict[str, An
                         if plan.stages is None
                         else [s._asdict() for s in plan.stages],
                         "summary": summarize(records, seconds, slos),
+                        "probe": None if probe is None else probe.summary,
                         "requests": [r.row() for r in records],
                     }
                 )
@@ -222,6 +237,14 @@ async def _bench(args: argparse.Namespace, plans: list[RunPlan]) -> dict[str, An
     }
 
 
+def _probe(args: argparse.Namespace, model: str) -> Probe | None:
+    if args.probe_interval is None:
+        return None
+    if args.url is None:
+        raise ValueError("--probe-interval probes the HTTP API: give --url")
+    return Probe(args.url, model, args.probe_interval, args.api_key)
+
+
 async def _warm_up(backend: Backend, requests: list[BenchRequest]) -> None:
     """Untimed requests first: a wrong URL or model fails here, before any run."""
     records = await asyncio.gather(*(send_one(backend, r, 0.0) for r in requests))
@@ -240,6 +263,12 @@ def print_summaries(result: dict) -> None:
     for run in runs:
         for error, count in run["summary"]["errors"].items():
             print(f"{run['label']}: {count} failed: {error}")
+        for status, seen in (run["probe"] or {}).items():
+            spread = ", ".join(f"{k[:-3]} {v:.0f}" for k, v in seen.items() if k.endswith("_ms"))
+            print(
+                f"{run['label']}: the probe's {status}s: {seen['count']} "
+                f"({seen['retry_after']} with Retry-After), ms to the status line: {spread}"
+            )
     if result["pooled"]:
         print(f"\nevery model's requests over its {len(runs) // len(result['pooled'])} runs:")
         print("\n".join(pooled_table(result["pooled"])))
