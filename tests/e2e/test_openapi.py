@@ -55,8 +55,8 @@ def test_every_operation_lists_the_gateway_s_refusals(http_url: str) -> None:
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             for status in (GATEWAY_OVERLOADED, GATEWAY_UNAVAILABLE):
-                answer = operation["responses"][status]
-                assert "Retry-After" in answer["headers"], (method, path, status)
+                documented = operation["responses"][status]
+                assert "Retry-After" in documented["headers"], (method, path, status)
 
 
 def test_every_check_passes(server: tuple[str, list[str]], tmp_path: Path) -> None:

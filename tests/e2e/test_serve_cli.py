@@ -1,8 +1,7 @@
 """``pdserve serve`` as a user starts it: the default model (SmolLM2-135M-Instruct, or where its
 wheel is missing the built-in tiny model), a streamed chat completion through its gateway, its
 Prometheus (where the package is installed), Ctrl-C, and no Ray, HAProxy or Prometheus process
-left behind. Free ports stand in
-for the default ones, which another program may hold."""
+left behind. Free ports stand in for the default ones, which another program may hold."""
 
 import shutil
 import socket
