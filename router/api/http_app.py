@@ -63,7 +63,9 @@ def build_http_app(
     guard = (api_keys or APIKeys()).http_dependencies()
     # Documented only where it can happen: with keys required.
     unauthorized = openapi_docs.UNAUTHORIZED if guard else {}
-    app = FastAPI(title="pdserve", summary="OpenAI-compatible LLM serving")
+    app = FastAPI(
+        title="pdserve", summary="OpenAI-compatible LLM serving", responses=openapi_docs.GATEWAY
+    )
     if timing_log is not None:
         app.add_middleware(RequestTimingMiddleware, log=timing_log)
     created = int(time.time())

@@ -65,23 +65,15 @@ GENERATION_ERRORS: Responses = {
 }
 
 
-def _gateway_answer(description: str) -> dict[str, Any]:
-    """A refusal of the gateway in front of the router replicas (cluster/gateway.py), as the
-    document writes a response."""
-    schema = {"$ref": REF_PREFIX + ErrorResponse.__name__}
-    return {
-        "description": f"the gateway: {description}",
-        "headers": RETRY_AFTER,
-        "content": {"application/json": {"schema": schema}},
-    }
-
-
-# What the gateway may answer on any path, where the operation does not say more already.
-GATEWAY = {
-    str(HTTPStatus.TOO_MANY_REQUESTS.value): _gateway_answer(
-        "every router replica holds as many requests as it may"
+# What the gateway in front of the router replicas (cluster/gateway.py) answers on any path: every
+# operation lists it (``FastAPI(responses=...)``) unless it says more of that status itself.
+GATEWAY: Responses = {
+    HTTPStatus.TOO_MANY_REQUESTS: _error(
+        "the gateway: every router replica holds as many requests as it may", headers=RETRY_AFTER
     ),
-    str(HTTPStatus.SERVICE_UNAVAILABLE.value): _gateway_answer("no router replica is up"),
+    HTTPStatus.SERVICE_UNAVAILABLE: _error(
+        "the gateway: no router replica is up", headers=RETRY_AFTER
+    ),
 }
 
 
@@ -128,8 +120,6 @@ def _document(app: FastAPI, streamed: list[type[BaseModel]]) -> dict[str, Any]:
     for operations in document["paths"].values():
         for operation in operations.values():
             operation["responses"].pop(VALIDATION_STATUS, None)
-            for status, answer in GATEWAY.items():
-                operation["responses"].setdefault(status, answer)
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for name in VALIDATION_SCHEMAS:
         schemas.pop(name, None)
