@@ -110,6 +110,8 @@ def render(
     # connection); connections past it wait in the kernel's accept queues, one per thread
     # (`shards by-thread`; a thread per core HAProxy may run on, its default), each as long as
     # net.core.somaxconn allows (past that, a client sends its SYN again a second later).
+    # A backend's own 503 (a request that waited past `timeout queue`) is the overload it is.
+    queued_past_the_timeout = f"    errorfile 503 {files / '429.http'}"
     lines = [
         "global",
         # HAProxy's runtime API, for operators: `show info`, `show stat`, `show servers state`.
@@ -151,7 +153,7 @@ def render(
         "    default_backend control",
         "backend routers",
         "    balance leastconn",
-        f"    errorfile 503 {files / '429.http'}",
+        queued_past_the_timeout,
         # A connection check: a replica whose process is gone is down at once. An HTTP check
         # waited behind a busy router's streams and took it out of service under a burst;
         # Serve's own health checks replace a hung replica, and the watch follows them.
@@ -160,7 +162,7 @@ def render(
     lines += [f"    server router{i} {ip}:{p}" for i, (ip, p) in enumerate(servers)]
     # The same replicas, up or down as the checks above find them, with slots of their own: a
     # health probe or a scrape is answered while the generation slots are full.
-    lines += ["backend control", "    balance leastconn", f"    errorfile 503 {files / '429.http'}"]
+    lines += ["backend control", "    balance leastconn", queued_past_the_timeout]
     lines += [
         f"    server router{i} {ip}:{p} maxconn {CONTROL_PER_REPLICA} track routers/router{i}"
         for i, (ip, p) in enumerate(servers)
@@ -218,17 +220,16 @@ class Gateway:
         access_log: Path | None = None,
     ) -> None:
         self.per_replica, self.host, self.port = per_replica, host, port
-        self.access_log = access_log
         self._list = list_servers
         self._dir = Path(tempfile.mkdtemp(prefix="pdserve-gateway-"))
         self._config = self._dir / "haproxy.cfg"
         _write_errors(self._dir)
+        # Its own messages go to stderr; with the access log, each request's line to stdout.
+        self._access = None if access_log is None else open(access_log, "ab")  # noqa: SIM115
         self.servers = self._list()
         self._write()
         log = self._dir / "haproxy.log"
         self._log = open(log, "wb")  # noqa: SIM115
-        # Its own messages go to stderr; with the access log, each request's line to stdout.
-        self._access = None if access_log is None else open(access_log, "ab")  # noqa: SIM115
         command = [haproxy_binary(), "-W", "-db", "-f", str(self._config)]
         _open_files_to_the_limit()
         self._process = subprocess.Popen(
@@ -263,7 +264,7 @@ class Gateway:
             self.host,
             self.port,
             self._dir,
-            access_log=self.access_log is not None,
+            access_log=self._access is not None,
         )
         self._config.write_text(config)
 

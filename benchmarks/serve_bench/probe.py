@@ -13,7 +13,7 @@ import json
 import multiprocessing
 import time
 import urllib.parse
-from collections import Counter
+from collections import defaultdict
 from typing import Any
 
 from pdserve.benchmarks.latency import distribution
@@ -88,13 +88,16 @@ class Probe:
 def summarize(answers: list[tuple[int, bool, float]]) -> dict[str, Any]:
     """Per status (0: no answer): how many, how many carried ``Retry-After``, and the seconds to
     the status line (ms: mean, p50, p90, p99, and the slowest)."""
+    by_status: dict[int, list[tuple[bool, float]]] = defaultdict(list)
+    for status, retry_after, seconds in answers:
+        by_status[status].append((retry_after, seconds))
     summary: dict[str, Any] = {}
-    for status, count in sorted(Counter(a[0] for a in answers).items()):
-        times = [seconds for s, _, seconds in answers if s == status]
+    for status, seen in sorted(by_status.items()):
+        times = [seconds for _, seconds in seen]
         spread = {f"{k}_ms": v * MS for k, v in distribution(times)._asdict().items()}
         summary[str(status)] = {
-            "count": count,
-            "retry_after": sum(after for s, after, _ in answers if s == status),
+            "count": len(seen),
+            "retry_after": sum(retry_after for retry_after, _ in seen),
             **spread,
             "max_ms": max(times) * MS,
         }
