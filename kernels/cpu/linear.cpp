@@ -28,31 +28,34 @@ constexpr int64_t kManyChunk = 64;  // ... for several groups: the chunk stays i
 constexpr int64_t kF32PrefetchBytes = 1024;
 constexpr int64_t kQ8PrefetchBytes = 4096;
 
-// 16 floats: one AVX-512 register, or two AVX2 ones, as the build's -march allows.
-typedef float v16 __attribute__((vector_size(64)));
+// A vector of floats as wide as the build's -march allows: 16 (one AVX-512 register) or 8 (one
+// AVX2 register; 16 there would be two, and the tiles below would spill their accumulators).
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+#else
+constexpr int64_t kLanes = 8;
+#endif
+typedef float vec __attribute__((vector_size(kLanes * sizeof(float))));
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
-constexpr int64_t kLanes = 16;
 
-inline v16 load(const float* p) {
-  v16 v;
+inline vec load(const float* p) {
+  vec v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-// 16 int8 values as floats. By intrinsics: GCC 12 converts a vector of int8 one lane at a time.
-inline v16 int8_to_float(const int8_t* q) {
-  v16 v;
+// kLanes int8 values as floats. By intrinsics: GCC 12 converts a vector of int8 one lane at a time.
+inline vec int8_to_float(const int8_t* q) {
+  vec v;
 #if defined(__AVX512F__)
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
   std::memcpy(&v, &f, sizeof(v));
 #elif defined(__AVX2__)
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-  const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-  const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
-  std::memcpy(&v, &lo, sizeof(lo));
-  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(lo), &hi, sizeof(hi));
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  std::memcpy(&v, &f, sizeof(v));
 #else
   for (int64_t i = 0; i < kLanes; ++i) v[i] = q[i];
 #endif
@@ -60,11 +63,16 @@ inline v16 int8_to_float(const int8_t* q) {
 }
 
 // The lanes summed as a tree of halves: a serial sum would cost more than a short row's products.
-inline float lane_sum(v16 v) {
-  v8 lo, hi;
-  std::memcpy(&lo, &v, sizeof(lo));
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
-  const v8 eight = lo + hi;
+inline float lane_sum(vec v) {
+  v8 eight;
+  if constexpr (kLanes == 16) {
+    v8 lo, hi;
+    std::memcpy(&lo, &v, sizeof(lo));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+    eight = lo + hi;
+  } else {
+    std::memcpy(&eight, &v, sizeof(eight));
+  }
   v4 lo4, hi4;
   std::memcpy(&lo4, &eight, sizeof(lo4));
   std::memcpy(&hi4, reinterpret_cast<const char*>(&eight) + sizeof(lo4), sizeof(hi4));
@@ -79,9 +87,9 @@ struct F32Weights {
   static constexpr int64_t kGroupRows = 4;
   const float* w;
   int64_t in;
-  v16 load16(int64_t o, int64_t i) const { return load(w + o * in + i); }
+  vec load_lanes(int64_t o, int64_t i) const { return load(w + o * in + i); }
   float at(int64_t o, int64_t i) const { return w[o * in + i]; }
-  // 16 floats are one cache line: each load asks for a line further on.
+  // A load is a cache line (AVX-512) or half of one: each asks for a line further on.
   void prefetch(int64_t o, int64_t i) const {
     const char* line = reinterpret_cast<const char*>(w + o * in + i);
     __builtin_prefetch(line + kF32PrefetchBytes);
@@ -97,7 +105,7 @@ struct Q8Weights {
   const int8_t* q;
   const float* scales;
   int64_t in;
-  v16 load16(int64_t o, int64_t i) const {
+  vec load_lanes(int64_t o, int64_t i) const {
     return int8_to_float(q + o * in + i) * scales[o * (in / kQ8Block) + i / kQ8Block];
   }
   float at(int64_t o, int64_t i) const {
@@ -113,16 +121,16 @@ struct Q8Weights {
 template <int64_t R, int64_t T, typename W>
 inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
                  int64_t o) {
-  v16 acc[R][T];
+  vec acc[R][T];
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t t = 0; t < T; ++t) acc[r][t] = v16{};
+    for (int64_t t = 0; t < T; ++t) acc[r][t] = vec{};
   int64_t i = 0;
   for (; i + kLanes <= in; i += kLanes) {
-    v16 xv[T];
+    vec xv[T];
     for (int64_t t = 0; t < T; ++t) xv[t] = load(x + t * sx + i);
     for (int64_t r = 0; r < R; ++r) {
       w.prefetch(o + r, i);
-      const v16 wv = w.load16(o + r, i);
+      const vec wv = w.load_lanes(o + r, i);
       for (int64_t t = 0; t < T; ++t) acc[r][t] += wv * xv[t];
     }
   }
@@ -134,12 +142,16 @@ inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, i
     }
 }
 
-// W rows multiplied together, their loads interleaved: 4, or 2 beside more than 4 of x's rows
-// (16 accumulators at most, of the 32 registers).
+// W rows multiplied together, their loads interleaved: as many as keep the accumulators within
+// half the registers (16 of AVX-512's 32, 8 of AVX2's 16), 4 at most.
 template <int64_t T, typename W>
 void rows(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
           int64_t begin, int64_t end) {
+#if defined(__AVX512F__)
   constexpr int64_t R = T <= 4 ? 4 : 2;
+#else
+  constexpr int64_t R = T <= 2 ? 4 : T <= 4 ? 2 : 1;
+#endif
   int64_t o = begin;
   for (; o + R <= end; o += R) tile<R, T>(x, sx, w, in, y, sy, o);
   for (; o < end; ++o) tile<1, T>(x, sx, w, in, y, sy, o);
