@@ -1,14 +1,16 @@
 """Several router replicas (``router.replicas``): Serve's proxy spreads requests over them, each
-counts its own, the cluster's metrics add them up; one SIGKILLed under streams costs only the
-streams it carried: the decode replica stops their calls at once, the other's streams complete
-with the offline engine's tokens, new requests are served, every KV block is freed, and Serve
-starts a replacement. Behind the gateway (HAProxy, ``pdserve serve --gateway``) each router
-replica holds at most its bound, and a burst past both is refused 429 before it reaches them.
+counts its own, the cluster's metrics add them up; one SIGKILLed under streams (sent to each
+replica's own port, as the gateway sends them) costs only the streams it carried: the decode
+replica stops their calls at once, the other's streams complete with the offline engine's tokens,
+new requests are served, every KV block is freed, and Serve starts a replacement. Behind the
+gateway (HAProxy, ``pdserve serve --gateway``) each router replica holds at most its bound, and a
+burst past both is refused 429 before it reaches them.
 
 Two router replicas in front of an aggregated tiny model (one decode replica, no prefill pool).
 """
 
 import functools
+import itertools
 import json
 import os
 import signal
@@ -178,7 +180,14 @@ def test_the_gateway_holds_each_router_replica_to_its_bound(cluster, offline):
 def test_a_router_replica_killed_under_streams_costs_only_its_streams(cluster, offline):
     url = f"http://127.0.0.1:{cluster.http_port}"
     prompts = random_prompts(1, [32] * STREAMS)
-    streams = [http_stream(cluster.http_port, MODEL, p, STREAM_TOKENS) for p in prompts]
+    # To each replica's own port in turn, as the gateway sends them: through Serve's proxy a
+    # burst of streams may all land on one (a CI run saw 8 and 0).
+    servers = ingress_servers(APP_NAME)
+    assert len(servers) == ROUTERS
+    streams = [
+        http_stream(port, MODEL, p, STREAM_TOKENS, host=host)
+        for (host, port), p in zip(itertools.cycle(servers), prompts)
+    ]
     for stream in streams:
         stream.start()
     wait(lambda: all(len(s.tokens) >= TOKENS_BEFORE_KILL for s in streams), "every stream")
