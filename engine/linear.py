@@ -1,12 +1,29 @@
 """A linear layer for CPU decoding: a native kernel for a few rows, oneDNN over a packed weight
 for more; or int8 weights (``--quantization int8``) in the native kernel for every row count."""
 
+import os
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from pdserve.engine.quantization import dequantize_q8_0, quantizable, quantize_q8_0
 from pdserve.kernels import native
+
+# oneDNN makes a primitive for each shape of product it runs, one per row count a step brings
+# for each shape of weight, and keeps them in two caches (oneDNN's and torch's ideep's) of 1,024
+# entries each by default, about half a MiB an entry: a server whose steps bring ever new row
+# counts grew by hundreds of MiB before they filled. Bounded, they keep recent steps' row counts;
+# a miss costs ~1 ms a shape (docs/benchmarks.md, "Measurements behind the code's choices").
+ONEDNN_CACHE_ENTRIES = 64
+ONEDNN_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def bound_onednn_caches() -> None:
+    """Bounds both caches to ``ONEDNN_CACHE_ENTRIES``, unless the environment sets them: each
+    reads its setting once, at its first use, so this runs before the first product."""
+    for name in ONEDNN_CACHE_ENV:
+        os.environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
 
 
 def onednn_packing_helps(dtype: torch.dtype, device: torch.device) -> bool:
@@ -44,6 +61,7 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
+        bound_onednn_caches()  # before its first product
         self.in_features = in_features
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
