@@ -12,8 +12,8 @@ from pdserve.kernels import native
 
 # oneDNN makes a primitive for each shape of product it runs, one per row count a step brings
 # for each shape of weight, and keeps them in two caches (oneDNN's and torch's ideep's) of 1,024
-# entries each by default, about half a MiB an entry: a server whose steps bring ever new row
-# counts grew by hundreds of MiB before they filled. Bounded, they keep recent steps' row counts;
+# entries each by default, ~0.3 MiB an entry: a server whose steps bring ever new row counts
+# grew by hundreds of MiB before they filled. Bounded, they keep recent steps' row counts;
 # a miss costs ~1 ms a shape (docs/benchmarks.md, "Measurements behind the code's choices").
 ONEDNN_CACHE_ENTRIES = 64
 ONEDNN_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ pytestmark = pytest.mark.slow  # two fresh interpreters and an engine each
 
 TORCH_DEFAULT_ENTRIES = 1024
 PROMPT_LENGTHS = range(17, 117)  # one prompt a step: a row count oneDNN has not seen, each
+LENGTHS = json.dumps(list(PROMPT_LENGTHS))
 BOUNDED_GROWTH_MIB = 80
 UNBOUNDED_GROWTH_MIB = 150  # what the same prompts cost with torch's bound: the check can fail
 
@@ -41,12 +41,9 @@ print(json.dumps(resident_mib() - before))
 """
 
 
-LENGTHS = json.dumps(list(PROMPT_LENGTHS))
-
-
 def _growth_mib(model_dir: Path, env: dict[str, str]) -> float:
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), str(model_dir), LENGTHS],
+        [sys.executable, "-P", "-c", SCRIPT, str(model_dir), LENGTHS],
         capture_output=True,
         text=True,
         timeout=240,
