@@ -25,11 +25,11 @@ UNBOUNDED_GROWTH_MIB = 150  # what the same prompts cost with torch's bound: the
 SCRIPT = """
 import ctypes, json, sys
 from pdserve import LLM, SamplingParams
+from pdserve.serving.replica import resident_set_bytes
 
 def resident_mib():
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096 / 2**20
+    return resident_set_bytes() / 2**20
 
 llm = LLM(model=sys.argv[1], enable_prefix_caching=False)
 params = SamplingParams(temperature=0.0, max_tokens=1)
