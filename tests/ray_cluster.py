@@ -38,8 +38,13 @@ IDLE_S = 6.0  # how long an added node may idle before the autoscaler removes it
 AUTOSCALER_ENV = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
 # Serve keeps a direct-ingress replica (our router) alive 30 s after it is told to stop, for an
 # external load balancer to take it out of rotation; the tests have none, and each module deletes
-# its app.
-SERVE_TEST_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+# its app. Serve's controller looks over its deployments every 0.1 s by default, the largest
+# share of an idle cluster's CPU (a third of a core in all): every 0.5 s it takes 0.1 core less
+# from the tests beside it (docs/benchmarks.md, "The test suite on two cores").
+SERVE_TEST_ENV = {
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+}
 
 
 @dataclass(frozen=True)
