@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from pdserve.kvtransfer import faults
-from pdserve.kvtransfer.faults import NO_FAULT, KVFault
+from pdserve.kvtransfer.faults import NO_FAULT, FaultSchedule, KVFault
 from pdserve.kvtransfer.handles import (
     IncompatiblePeerError,
     KVExport,
@@ -54,9 +54,10 @@ class KVConnector(ABC):
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         verify: bool = True,
         fault_injection: KVFault = NO_FAULT,
+        fault_every: int = 1,
     ) -> None:
         """``verify``: checksum each exported block, and check what lands (``integrity``).
-        ``fault_injection``: test-only (``faults``)."""
+        ``fault_injection``, on one in ``fault_every`` transfers: test-only (``faults``)."""
         layout.check_cache(kv_cache)
         self.kv_cache = kv_cache
         self.layout = layout
@@ -66,7 +67,7 @@ class KVConnector(ABC):
         self.lease_seconds = lease_seconds
         self.timeout = timeout
         self.verify = verify
-        self.fault_injection = fault_injection
+        self.faults = FaultSchedule(fault_injection, fault_every)
         self.stats = TransferStats()
         self._free_blocks = free_blocks
         self._leases = LeaseTable(free_blocks, self.name)
@@ -121,7 +122,7 @@ class KVConnector(ABC):
         checksums = self._checksums(block_ids)
         lease_id = self._leases.grant(block_ids, self.lease_seconds)
         self._inject_reuse(block_ids)
-        if self.fault_injection == "free_early":
+        if self.faults.hits("free_early"):
             self._leases.release(lease_id)
         return KVExport(
             self.name, tuple(block_ids), lease_id, self.lease_seconds, checksums=checksums
@@ -166,7 +167,7 @@ class KVConnector(ABC):
         return block_checksums(self.kv_cache, block_ids) if self.verify else ()
 
     def _inject_reuse(self, block_ids: list[int]) -> None:
-        if self.fault_injection == "reuse":
+        if self.faults.hits("reuse"):
             faults.overwrite(self.kv_cache, block_ids[0])
 
     def _checked(
@@ -175,10 +176,12 @@ class KVConnector(ABC):
         """A pull's poll function that, once the blocks have landed, checks them against their
         checksums at export (raising ``KVIntegrityError``) before anything reads them."""
 
+        corrupt = self.faults.hits("corrupt")
+
         def poll() -> bool:
             if not landed():
                 return False
-            if self.fault_injection == "corrupt":
+            if corrupt:
                 faults.flip_a_bit(self.kv_cache, block_ids[0])
             if self.verify and export.checksums:
                 check_checksums(what, self.kv_cache, block_ids, export.checksums[skip:])

@@ -58,6 +58,9 @@ def absolute_path(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+ROUTER_DEPLOYMENT = "router"  # the Serve deployment of the router, every model's
+
+
 def pool_deployment(role: str, model: str) -> str:
     """The Serve deployment of ``model``'s ``role`` ("prefill" or "decode") pool."""
     return f"{role}-{model}"
@@ -186,8 +189,10 @@ class KVTransferConfig(_Strict):
     # Checksum each exported block and check it, with its lease's generation, where it lands; a
     # block that landed wrong is recomputed (kvtransfer/integrity.py). Off only to measure it.
     verify: bool = True
-    # Test-only: break every transfer this way (kvtransfer/faults.py). Never set in production.
+    # Test-only: break one transfer in `fault_every` this way (kvtransfer/faults.py; each
+    # replica counts its own). Never set in production.
     fault_injection: KVFault = NO_FAULT
+    fault_every: int = Field(1, ge=1)
 
 
 class ServedModel(_Strict):

@@ -44,6 +44,7 @@ def start_engine(served: ServedModel) -> tuple[AsyncLLMEngine, KVConnector]:
             timeout=transfer.timeout_seconds,
             verify=transfer.verify,
             fault_injection=transfer.fault_injection,
+            fault_every=transfer.fault_every,
         )
         connectors.append(connector)
         return ConnectorHooks(connector)

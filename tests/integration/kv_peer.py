@@ -10,7 +10,7 @@ from pdserve.engine.config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.kvtransfer.factory import make_connector
-from pdserve.kvtransfer.faults import KVFault
+from pdserve.kvtransfer.faults import FaultSchedule, KVFault
 from pdserve.kvtransfer.handles import KVExport, KVTransferError, PeerInfo
 from pdserve.kvtransfer.layout import KVLayout
 
@@ -37,7 +37,7 @@ class KVPeer:
 
     def inject(self, fault: KVFault) -> None:
         """Sets the fault this side applies from now on (kvtransfer/faults.py)."""
-        self.connector.fault_injection = fault
+        self.connector.faults = FaultSchedule(fault)
 
     def info(self) -> PeerInfo:
         return self.connector.peer_info()

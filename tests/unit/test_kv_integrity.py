@@ -83,3 +83,13 @@ def test_integrity_is_checked_by_default_and_faults_are_off() -> None:
     assert config.verify and config.fault_injection == "none"
     with pytest.raises(pydantic.ValidationError):
         KVTransferConfig(fault_injection="flip")
+    with pytest.raises(pydantic.ValidationError):
+        KVTransferConfig(fault_injection="corrupt", fault_every=0)
+
+
+def test_integrity_a_fault_every_third_transfer_hits_the_third_and_sixth_of_its_role() -> None:
+    schedule = faults.FaultSchedule("corrupt", every=3)
+    # Exports ask for their faults too: only the reader's pulls count towards "corrupt".
+    hits = [(schedule.hits("free_early"), schedule.hits("corrupt"))[1] for _ in range(7)]
+    assert hits == [False, False, True, False, False, True, False]
+    assert not any(faults.FaultSchedule().hits("corrupt") for _ in range(4))

@@ -99,7 +99,7 @@ def decoder(config: EngineConfig, request) -> Iterator[Decoder]:
 def test_integrity_the_decode_path_recomputes_what_landed_wrong(
     config, prompt, fault_free, decoder
 ) -> None:
-    fault = decoder.connectors[0].fault_injection
+    fault = decoder.connectors[0].faults.fault
     owner = LLMEngine(config)
     owner_connector = connect(owner, config, fault)
     first, blocks = prefill(owner, prompt)
