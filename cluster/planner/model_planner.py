@@ -17,6 +17,7 @@ from pdserve.cluster.planner.sizing import (
     bounded,
     decode_at_capacity,
     predicted_ttft,
+    prefill_at_capacity,
     ratio,
     replicas_needed,
 )
@@ -34,6 +35,7 @@ class Observation:
     decode_batch: float | None  # mean requests running on a decode replica
     decode_kv_usage: float | None = None  # the fullest decode replica's KV usage (0..1), mean
     decode_waiting: float | None = None  # requests waiting on the decode replicas, mean
+    prefill_waiting: float | None = None  # prompts waiting on the prefill replicas, mean
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,13 @@ class ModelPlanner:
         need = replicas_needed(
             self.profile, load, self.targets, self.corrections, self.prefill is not None
         )
-        prefill, why_prefill = (
-            (0, "none") if self.prefill is None else self.prefill.next(current[0], need.prefill)
-        )
+        prefill, why_prefill = 0, "none"
+        if self.prefill is not None:
+            queued = prefill_at_capacity(seen.ttft_s, self.targets.ttft_s, seen.prefill_waiting)
+            wanted = need.prefill if queued is None else max(need.prefill, current[0] + 1)
+            prefill, why_prefill = self.prefill.next(current[0], wanted)
+            if queued is not None:
+                why_prefill += f"; at capacity: {queued}"
         full = decode_at_capacity(seen.decode_kv_usage, seen.decode_waiting)
         wanted = need.decode if full is None else max(need.decode, current[1] + 1)
         decode, why_decode = self.decode.next(current[1], wanted)

@@ -11,7 +11,9 @@ Per model, over a window of ``window_s`` seconds:
   to correct a profile, not to report);
 - decode batch: the requests running on a decode replica, averaged over the window;
 - decode room: the fullest decode replica's KV usage and the requests waiting on the decode
-  replicas, averaged over the window (``sizing.decode_at_capacity``).
+  replicas, averaged over the window (``sizing.decode_at_capacity``);
+- prefill queue: the prompts waiting on the prefill replicas, averaged over the window
+  (``sizing.prefill_at_capacity``).
 
 Before those, ``ages`` says whether there is anything to read (``data_health.py``): how old the
 newest sample is of series each model exports whatever its load.
@@ -51,10 +53,10 @@ class PrometheusSource:
         def increase(metric: str, where: str = "") -> str:
             return f"sum by (model_name) (increase(ray_pdserve_{metric}{where}[{w}]))"
 
-        def decode_mean(metric: str, across: str) -> str:
+        def pool_mean(metric: str, across: str, pool: str = "decode") -> str:
             return (
                 f"{across} by (model_name) (avg_over_time("
-                f'ray_pdserve_{metric}{{pool="decode"}}[{w}]))'
+                f'ray_pdserve_{metric}{{pool="{pool}"}}[{w}]))'
             )
 
         arrivals = self.query(increase("route_decisions_total"))
@@ -69,9 +71,10 @@ class PrometheusSource:
             f"{increase('inter_token_latency_seconds_sum')} / "
             f"{increase('inter_token_latency_seconds_count')}"
         )
-        batch = self.query(decode_mean("num_requests_running", "avg"))
-        kv_usage = self.query(decode_mean("kv_cache_usage_perc", "max"))
-        waiting = self.query(decode_mean("num_requests_waiting", "sum"))
+        batch = self.query(pool_mean("num_requests_running", "avg"))
+        kv_usage = self.query(pool_mean("kv_cache_usage_perc", "max"))
+        waiting = self.query(pool_mean("num_requests_waiting", "sum"))
+        prefill_waiting = self.query(pool_mean("num_requests_waiting", "sum", "prefill"))
         seen = {}
         for model in models:
             n = requests.get(model, 0.0)
@@ -84,5 +87,6 @@ class PrometheusSource:
                 decode_batch=batch.get(model),
                 decode_kv_usage=kv_usage.get(model),
                 decode_waiting=waiting.get(model),
+                prefill_waiting=prefill_waiting.get(model),
             )
         return seen

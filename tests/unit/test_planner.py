@@ -169,3 +169,30 @@ def test_a_decode_pool_at_capacity_grows_whatever_the_profile_predicts(profile: 
     # Room again (KV under 95%, nothing waiting): the profile decides once more.
     roomy = Observation(**overloaded, decode_kv_usage=0.94, decode_waiting=0.5)
     assert "at capacity" not in planner.step(roomy, (1, 1)).reason
+
+
+def test_a_prefill_pool_whose_queue_misses_ttft_grows_whatever_the_profile_predicts(
+    profile: Profile,
+) -> None:
+    # The overload of issue 26's CI run: TTFT ~100x what the profile predicts for the load seen,
+    # the correction capped at 4, by which one prefill replica still meets the 0.5 s target.
+    overloaded = dict(rate=0.5, isl=100, osl=50, ttft_s=9.0, itl_s=0.01, decode_batch=4.0)
+    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 2), PoolPolicy(1, 3))
+    blind = planner.step(Observation(**overloaded), (1, 1))
+    assert blind.prefill == 1 and "prefill 1 -> 1 (hold: 1 wanted)" in blind.reason, blind.reason
+    assert "corrections prefill 4.00 (capped from" in blind.reason, blind.reason
+
+    queued = Observation(**overloaded, prefill_waiting=6.0)
+    grown = planner.step(queued, (1, 1))
+    assert grown.prefill == 2, grown.reason
+    assert "prefill 1 -> 2 (up: 2 wanted; at capacity: TTFT 9000 ms over 500 ms, 6 waiting)" in (
+        grown.reason
+    )
+    held = planner.step(queued, (2, 1))  # at its bound: holds, and says why it would grow
+    assert held.prefill == 2 and "bounded from 3); at capacity: TTFT" in held.reason, held.reason
+    # The target met with prompts waiting, or missed with none waiting (each prefill too slow
+    # on its own): no replica more.
+    met = Observation(**{**overloaded, "ttft_s": 0.4}, prefill_waiting=6.0)
+    assert "at capacity" not in planner.step(met, (1, 1)).reason
+    alone = Observation(**overloaded, prefill_waiting=0.5)
+    assert "at capacity" not in planner.step(alone, (1, 1)).reason
