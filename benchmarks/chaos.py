@@ -6,11 +6,16 @@ Each stream is a client loop sending greedy streamed completions (random prompts
 of them are abandoned mid-stream (``chaos_load.py``). Every ``--kill-every`` seconds one replica of
 the next role in ``--kill`` is killed (``ray.kill`` of its actor, from a driver joined to the
 cluster at ``--address``; ``chaos_kills.py``); Serve replaces it and the router migrates its
-decode streams. Once the streams have ended, it waits until every replica of the model's pools
-has all its KV blocks free, and reports the streams' endings, the router's migrations, the kills,
-and each replica's KV blocks and resident memory (``chaos_report.py``). Exit status 1 if an
-accepted stream failed (an error, or not exactly ``max_tokens`` tokens) or a replica's blocks
-are not all free by ``--settle-timeout``.
+decode streams. A killed router replica's own streams are cut with it (their connections end
+there); they are counted apart, and may not outnumber what it carried. Faults in KV transfers
+are the server's to inject (``kv_transfer.fault_injection``). Once the streams have ended, it
+waits until every replica of the model's pools has all its KV blocks free and the router is
+whole again; with ``--reference-model`` it then computes every completed stream's greedy tokens
+offline (``chaos_greedy.py``). It reports the streams' endings, the migrations, the kills, the
+greedy check, and each replica's KV blocks and resident memory (``chaos_report.py``). Exit
+status 1 if an accepted stream failed (an error, or not exactly ``max_tokens`` tokens), more
+streams were cut than the killed router replicas carried, a completed stream differs from the
+offline engine, or a replica's blocks are not all free by ``--settle-timeout``.
 """
 
 import argparse
@@ -23,9 +28,16 @@ from pathlib import Path
 
 import ray
 
+from pdserve.benchmarks.chaos_greedy import greedy_differences
 from pdserve.benchmarks.chaos_kills import Kill, kill_plan, parse_roles, run_kills
-from pdserve.benchmarks.chaos_load import Outcome, run_load
-from pdserve.benchmarks.chaos_replicas import migrations, pool_stats, settled_pool_stats
+from pdserve.benchmarks.chaos_load import Outcome, cut_by_router_kills, run_load
+from pdserve.benchmarks.chaos_replicas import (
+    ROLES,
+    MigrationCount,
+    pool_stats,
+    router_size,
+    settled_pool_stats,
+)
 from pdserve.benchmarks.chaos_report import print_report, problems, replica_rows, summarize
 from pdserve.benchmarks.openai_http import OpenAIClient
 from pdserve.benchmarks.serve_bench.datasets import (
@@ -36,6 +48,7 @@ from pdserve.benchmarks.serve_bench.datasets import (
 )
 from pdserve.cluster.ray_driver import init_ray
 from pdserve.engine.tokenizer import Tokenizer
+from pdserve.serving.config import ROUTER_DEPLOYMENT
 
 DATASET = "random"
 DEFAULT_SETTLE_TIMEOUT_S = 120.0  # replacements load their model, aborts free their blocks
@@ -50,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=300.0, help="new requests until then")
     parser.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills")
     parser.add_argument(
-        "--kill", default="decode,prefill", help="roles killed in turn ('': no kills)"
+        "--kill",
+        default="decode,prefill",
+        help=f"roles killed in turn, among {','.join(ROLES)} ('': no kills)",
     )
     parser.add_argument(
         "--disconnect-fraction", type=float, default=0.1, help="requests the client abandons"
@@ -63,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_SETTLE_TIMEOUT_S,
         help="seconds for every replica to answer with all its KV blocks free",
+    )
+    parser.add_argument(
+        "--reference-model",
+        type=Path,
+        help="check every completed stream against the offline engine on this model "
+        "(its default engine config)",
     )
     parser.add_argument("--seed", type=int, default=0, help="prompts, disconnects and victims")
     parser.add_argument("--out", type=Path, default=Path("chaos.json"))
@@ -89,11 +110,16 @@ async def _first_model(url: str) -> str:
 
 
 async def _chaos(
-    args: argparse.Namespace, model: str, plan: list[tuple[float, str]], draw: Draw
+    args: argparse.Namespace,
+    model: str,
+    plan: list[tuple[float, str]],
+    draw: Draw,
+    migrated: MigrationCount,
 ) -> tuple[list[Outcome], list[Kill], float]:
     start = time.monotonic()
     async with OpenAIClient(args.url) as client:
-        kills = asyncio.create_task(run_kills(plan, model, start, random.Random(args.seed)))
+        rng = random.Random(args.seed)
+        kills = asyncio.create_task(run_kills(plan, model, start, rng, migrated))
         outcomes = await run_load(
             client,
             model,
@@ -103,7 +129,9 @@ async def _chaos(
             start + args.seconds,
             args.seed,
         )
-        return outcomes, await kills, time.monotonic() - start
+        done = await kills
+    cuts = [start + k.at_s for k in done if k.deployment == ROUTER_DEPLOYMENT and k.replica]
+    return cut_by_router_kills(outcomes, cuts), done, time.monotonic() - start
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,13 +147,16 @@ def run(args: argparse.Namespace) -> int:
     init_ray(address=args.address, log_to_driver=False)
     try:
         start_stats = pool_stats(model, args.settle_timeout)
-        migrated_before = migrations(model)
-        outcomes, kills, seconds = asyncio.run(_chaos(args, model, plan, draw))
+        routers, migrated = router_size(), MigrationCount(model)
+        outcomes, kills, seconds = asyncio.run(_chaos(args, model, plan, draw, migrated))
         sizes = {deployment: len(replicas) for deployment, replicas in start_stats.items()}
-        end_stats = settled_pool_stats(model, sizes, args.settle_timeout)
-        migrated = migrations(model) - migrated_before
+        end_stats = settled_pool_stats(model, sizes, routers, args.settle_timeout)
+        num_migrated = migrated.total()
     finally:
         ray.shutdown()
+    greedy = None
+    if args.reference_model is not None:
+        greedy = greedy_differences(args.reference_model, outcomes)
     summary = summarize(outcomes)
     rows = replica_rows(start_stats, end_stats, kills)
     result = {
@@ -134,10 +165,11 @@ def run(args: argparse.Namespace) -> int:
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "seconds": seconds,
         "summary": summary,
-        "migrated": migrated,
+        "migrated": num_migrated,
         "kills": [kill._asdict() for kill in kills],
+        "greedy": greedy,
         "replicas": rows,
-        "problems": problems(summary, rows),
+        "problems": problems(summary, rows, kills, greedy),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -8,8 +8,12 @@ import random
 import time
 from typing import NamedTuple
 
-from pdserve.benchmarks.chaos_replicas import ROLES, kill_replica
-from pdserve.serving.config import pool_deployment
+from pdserve.benchmarks.chaos_replicas import (
+    ROLES,
+    MigrationCount,
+    kill_replica,
+    role_deployment,
+)
 
 
 class Kill(NamedTuple):
@@ -20,7 +24,8 @@ class Kill(NamedTuple):
 
 
 def parse_roles(text: str) -> list[str]:
-    """``"decode,prefill"`` -> the roles to kill in turn; ``""``: no kills (a baseline run)."""
+    """``"decode,prefill,router"`` -> the roles to kill in turn; ``""``: no kills (a baseline
+    run)."""
     roles = [role.strip() for role in text.split(",") if role.strip()]
     unknown = [role for role in roles if role not in ROLES]
     if unknown:
@@ -40,14 +45,21 @@ def kill_plan(roles: list[str], every_s: float, seconds: float) -> list[tuple[fl
 
 
 async def run_kills(
-    plan: list[tuple[float, str]], model: str, start: float, rng: random.Random
+    plan: list[tuple[float, str]],
+    model: str,
+    start: float,
+    rng: random.Random,
+    migrated: MigrationCount,
 ) -> list[Kill]:
-    """Kills as ``plan`` says, from ``start`` (``time.monotonic()``); each kill as it went."""
+    """Kills as ``plan`` says, from ``start`` (``time.monotonic()``); each kill as it went. Before
+    a router kill, ``migrated`` hears the router replicas' counts."""
     kills = []
     for at, role in plan:
         await asyncio.sleep(start + at - time.monotonic())
-        deployment = pool_deployment(role, model)
+        deployment = role_deployment(role, model)
+        if role == "router":
+            await asyncio.to_thread(migrated.look)
         # Ray's state API and ray.kill block: off the loop, which carries the streams.
-        replica, carried = await asyncio.to_thread(kill_replica, deployment, rng)
+        replica, carried = await asyncio.to_thread(kill_replica, deployment, model, rng)
         kills.append(Kill(time.monotonic() - start, deployment, replica, carried))
     return kills

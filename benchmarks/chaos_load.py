@@ -3,8 +3,10 @@ back until the run's end, and abandoning a fraction of them mid-stream (the clie
 connection after a random number of tokens).
 
 Every stream ends one way: completed (exactly its ``max_tokens`` tokens: ``ignore_eos``),
-abandoned by the client, refused before it started (HTTP 429 or 503: admission said no), or
-failed (an error after the server accepted it, or a wrong length).
+abandoned by the client, refused before it started (HTTP 429 or 503: admission said no), cut
+(failed while a router replica was killed: the replica that held its connection may have been
+that one), or failed (an error after the server accepted it, or a wrong length). Each stream keeps
+its prompt and the token ids it received, for the greedy check (``chaos_greedy.py``).
 """
 
 import asyncio
@@ -18,13 +20,13 @@ from pdserve.benchmarks.openai_http import (
     COMPLETIONS,
     OpenAIClient,
     OpenAIError,
-    chunk_tokens,
     completion_body,
+    token_ids,
 )
 from pdserve.benchmarks.serve_bench.datasets import BenchRequest
 
-Ending = Literal["completed", "abandoned", "refused", "failed"]
-ENDINGS: tuple[Ending, ...] = ("completed", "abandoned", "refused", "failed")
+Ending = Literal["completed", "abandoned", "refused", "cut", "failed"]
+ENDINGS: tuple[Ending, ...] = ("completed", "abandoned", "refused", "cut", "failed")
 # Too many requests, overloaded or stopped: refusals the client may retry, not a broken stream.
 REFUSAL_STATUSES = frozenset({429, 503})
 WRONG_LENGTH = "wrong length"
@@ -36,7 +38,10 @@ class Outcome(NamedTuple):
     ending: Ending
     tokens: int  # received
     max_tokens: int
-    error: str | None  # refused or failed: why
+    error: str | None  # refused, cut or failed: why
+    prompt: str
+    token_ids: tuple[int, ...]  # received
+    span: tuple[float, float]  # time.monotonic() at its send and at its end
 
 
 def abandon_point(rng: random.Random, max_tokens: int, fraction: float) -> int | None:
@@ -52,23 +57,31 @@ async def send(
 ) -> Outcome:
     """One greedy streamed completion; its ending is returned, never raised."""
     body = completion_body(model, request.prompt, request.output_len)
-    tokens = 0
+    ids: list[int] = []
+    start = time.monotonic()
+
+    def outcome(ending: Ending, error: str | None = None) -> Outcome:
+        span = (start, time.monotonic())
+        return Outcome(
+            ending, len(ids), request.output_len, error, request.prompt, tuple(ids), span
+        )
+
     try:
         # aclosing: leaving the loop early closes the response, so the server sees the disconnect
         async with contextlib.aclosing(client.events(COMPLETIONS, body)) as events:
             async for event in events:
-                tokens += sum(chunk_tokens(choice) for choice in event.get("choices") or [])
+                for choice in event.get("choices") or []:
+                    ids += token_ids((choice.get("logprobs") or {}).get("tokens") or [])
                 # A chunk may carry several tokens: one that brings the last is not left early.
-                if abandon_after is not None and abandon_after <= tokens < request.output_len:
-                    return Outcome("abandoned", tokens, request.output_len, None)
+                if abandon_after is not None and abandon_after <= len(ids) < request.output_len:
+                    return outcome("abandoned")
     except OpenAIError as error:
-        ending = "refused" if error.status in REFUSAL_STATUSES else "failed"
-        return Outcome(ending, tokens, request.output_len, str(error))
+        return outcome("refused" if error.status in REFUSAL_STATUSES else "failed", str(error))
     except Exception as error:  # counted and reported: the run goes on
-        return Outcome("failed", tokens, request.output_len, f"{type(error).__name__}: {error}")
-    if tokens != request.output_len:
-        return Outcome("failed", tokens, request.output_len, WRONG_LENGTH)
-    return Outcome("completed", tokens, request.output_len, None)
+        return outcome("failed", f"{type(error).__name__}: {error}")
+    if len(ids) != request.output_len:
+        return outcome("failed", WRONG_LENGTH)
+    return outcome("completed")
 
 
 async def client_loop(
@@ -106,3 +119,14 @@ async def run_load(
         for i in range(streams)
     ]
     return [outcome for outcomes in await asyncio.gather(*loops) for outcome in outcomes]
+
+
+def cut_by_router_kills(outcomes: list[Outcome], kill_times: list[float]) -> list[Outcome]:
+    """``outcomes`` with each failed stream that was under way when a router replica was killed
+    (``kill_times``: ``time.monotonic()``) counted as cut instead."""
+
+    def cut(outcome: Outcome) -> bool:
+        start, end = outcome.span
+        return outcome.ending == "failed" and any(start <= at <= end for at in kill_times)
+
+    return [outcome._replace(ending="cut") if cut(outcome) else outcome for outcome in outcomes]

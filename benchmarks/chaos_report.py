@@ -1,6 +1,8 @@
-"""The chaos benchmark's report: the streams' endings, the kills, and every replica seen at the
-start or the end with its KV blocks free at the end and its resident memory then and now; and
-what makes the run fail (an accepted stream that failed, a replica whose blocks are not all free).
+"""The chaos benchmark's report: the streams' endings, the kills, the greedy check, and every
+replica seen at the start or the end with its KV blocks free at the end and its resident memory
+then and now; and what makes the run fail (an accepted stream that failed, more streams cut than
+the killed router replicas carried, a completed stream that differs from the offline engine, a
+replica whose blocks are not all free).
 """
 
 from collections import Counter
@@ -8,6 +10,7 @@ from typing import Any
 
 from pdserve.benchmarks.chaos_kills import Kill
 from pdserve.benchmarks.chaos_load import ENDINGS, Outcome
+from pdserve.serving.config import ROUTER_DEPLOYMENT
 
 MIB = 2**20
 # deployment -> replica id -> its stats (None: it did not answer)
@@ -15,12 +18,13 @@ PoolStats = dict[str, dict[str, dict | None]]
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
-    """Streams started and how they ended; errors by message (failed, and refused apart)."""
+    """Streams started and how they ended; errors by message (failed, cut and refused apart)."""
     counts = Counter(outcome.ending for outcome in outcomes)
     return {
         "started": len(outcomes),
         **{ending: counts[ending] for ending in ENDINGS},
         "errors": dict(Counter(o.error for o in outcomes if o.ending == "failed")),
+        "cuts": dict(Counter(o.error for o in outcomes if o.ending == "cut")),
         "refusals": dict(Counter(o.error for o in outcomes if o.ending == "refused")),
     }
 
@@ -47,16 +51,31 @@ def replica_rows(start: PoolStats, end: PoolStats, kills: list[Kill]) -> list[di
                     "num_blocks": _field(last, "num_blocks"),
                     "rss_start_bytes": _field(first, "rss_bytes"),
                     "rss_end_bytes": _field(last, "rss_bytes"),
+                    # Its KV transfers that failed, by reason: each one recomputed.
+                    "transfer_failures": _field(last, "kv_failures"),
                 }
             )
     return rows
 
 
-def problems(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+def problems(
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]],
+    kills: list[Kill],
+    greedy: dict[str, int] | None,
+) -> list[str]:
     """Why the run fails; none: it passed."""
     found = []
     if summary["failed"]:
         found.append(f"{summary['failed']} accepted streams failed")
+    carried = sum(k.carried for k in kills if k.deployment == ROUTER_DEPLOYMENT)
+    if summary["cut"] > carried:
+        found.append(
+            f"{summary['cut']} streams cut by router kills, more than the killed router "
+            f"replicas carried ({carried})"
+        )
+    if greedy is not None and greedy["differ"]:
+        found.append(f"{greedy['differ']} of {greedy['checked']} completed streams differ offline")
     for row in (r for r in rows if r["live_at_end"]):
         where = f"{row['deployment']} replica {row['replica']}"
         if row["free_blocks"] is None:
@@ -98,7 +117,17 @@ def print_report(result: dict[str, Any]) -> None:
             f"kill at {kill['at_s']:.1f} s: {kill['deployment']} replica {victim}, "
             f"carrying {kill['carried']} requests"
         )
-    for title, errors in (("failed", summary["errors"]), ("refused", summary["refusals"])):
+    failures = Counter()
+    for row in result["replicas"]:
+        failures.update(row["transfer_failures"] or {})
+    if failures:
+        by_reason = ", ".join(f"{reason} {n}" for reason, n in sorted(failures.items()))
+        print(f"KV transfers failed and recomputed (replicas live at the end): {by_reason}")
+    if result["greedy"] is not None:
+        greedy = result["greedy"]
+        print(f"greedy check: {greedy['differ']} of {greedy['checked']} completed streams differ")
+    endings = ("failed", "errors"), ("cut", "cuts"), ("refused", "refusals")
+    for title, errors in ((title, summary[key]) for title, key in endings):
         for error, count in errors.items():
             print(f"{title} ({count}): {error}")
     print("| deployment | replica | KV blocks free / total | RSS start MiB | RSS end MiB |")

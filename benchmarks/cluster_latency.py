@@ -116,7 +116,7 @@ def _route_decisions(name: str) -> dict[str, int]:
 
     from pdserve.cluster.serve import APP_NAME
 
-    return serve.get_app_handle(APP_NAME).route_decisions.remote().result()[name]
+    return serve.get_app_handle(APP_NAME).route_decisions.remote().result()["models"][name]
 
 
 def measure_cluster(

@@ -67,6 +67,11 @@ def _streamed(body: dict[str, Any], exact: bool) -> dict[str, Any]:
     return body | EXACT_OUTPUT if exact else body
 
 
+def token_ids(tokens: list[str]) -> list[int]:
+    """The ids in logprob tokens of a request made with ``return_tokens_as_token_ids``."""
+    return [int(token.removeprefix("token_id:")) for token in tokens]
+
+
 def chunk_tokens(choice: dict[str, Any]) -> int:
     """How many tokens one streamed choice carries."""
     logprobs = choice.get("logprobs")

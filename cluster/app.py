@@ -22,6 +22,7 @@ from pdserve.router.api.api_keys import key_digest
 from pdserve.router.dispatch.kv_routing import KVAwareRouter
 from pdserve.router.ingress import APIIngress
 from pdserve.serving.config import (
+    ROUTER_DEPLOYMENT,
     ClusterConfig,
     PoolConfig,
     RouterConfig,
@@ -103,7 +104,7 @@ def build_app(args: dict[str, Any]) -> Application:
         ).bind(config.model_dump(exclude={"api_keys"}))
     router = serve.deployment(
         APIIngress,
-        name="router",
+        name=ROUTER_DEPLOYMENT,
         max_ongoing_requests=config.router.max_ongoing_requests,
         **_router_replicas(config.router),
         graceful_shutdown_wait_loop_s=DRAIN_POLL_S,

@@ -23,15 +23,20 @@ def live_replicas(deployment: str) -> dict[str, str]:
     return replica_actors(APP_NAME, deployment)
 
 
-def answering_replica_stats(deployment: str, timeout_s: float = STATS_CALL_S) -> dict[str, dict]:
-    """The stats of each replica this process's handle knows of that answers within
-    ``timeout_s``, by replica id. One killed a moment ago, or still starting, is missing."""
+def each_answer(deployment: str, method: str, timeout_s: float = STATS_CALL_S) -> list[dict]:
+    """``method``'s answer from each replica this process's handle knows of that answers within
+    ``timeout_s``. One killed a moment ago, or still starting, is missing."""
     handle = serve.get_deployment_handle(deployment, app_name=APP_NAME)
     try:
-        answers = broadcast(handle, "stats", timeout_s)
+        answers = broadcast(handle, method, timeout_s)
     except (DeploymentUnavailableError, TimeoutError):
-        return {}
-    return {answer["replica"]: answer for answer in answers if isinstance(answer, dict)}
+        return []
+    return [answer for answer in answers if isinstance(answer, dict)]
+
+
+def answering_replica_stats(deployment: str, timeout_s: float = STATS_CALL_S) -> dict[str, dict]:
+    """The stats of each replica that answers within ``timeout_s``, by replica id."""
+    return {answer["replica"]: answer for answer in each_answer(deployment, "stats", timeout_s)}
 
 
 def live_replica_stats(deployment: str, deadline: float) -> dict[str, dict | None]:

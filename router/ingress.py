@@ -57,9 +57,13 @@ class APIIngress(GenerationServicer):
             self.clients, self._timing_log, self._metrics, self.admission, self.api_keys
         )
 
-    def route_decisions(self) -> dict[str, dict[str, int]]:
-        """Per model, how many requests took each path ("local" or "remote" prefill)."""
-        return {name: dict(client.route_decisions) for name, client in self.clients.items()}
+    def route_decisions(self) -> dict:
+        """This router replica's id (``replica``), and per model how many requests took each path
+        ("local" or "remote" prefill; "migrated": continued after a lost decode replica) here
+        (``models``)."""
+        replica = serve.get_replica_context().replica_id.unique_id
+        models = {name: dict(client.route_decisions) for name, client in self.clients.items()}
+        return {"replica": replica, "models": models}
 
     def placements(self) -> dict[str, dict[str, dict[str, dict]]]:
         """Per model and pool, each replica as the KV-aware placement sees it (none under

@@ -50,11 +50,6 @@ def offline_greedy(offline: LLM, prompts: list[list[int]], max_tokens: int) -> l
     return [out.token_ids for out in offline.generate(prompts, params)]
 
 
-def token_ids(tokens: list[str]) -> list[int]:
-    """The ids in logprob tokens of a request made with ``return_tokens_as_token_ids``."""
-    return [int(token.removeprefix("token_id:")) for token in tokens]
-
-
 def wait_replica_stats(
     deployment: str, num_replicas: int, timeout: float = 60.0
 ) -> dict[str, dict]:

@@ -13,12 +13,12 @@ import grpc
 from ray.util.state import list_actors
 
 from pdserve.benchmarks.chaos_replicas import migrations
+from pdserve.benchmarks.openai_http import token_ids
 from pdserve.cluster.replicas import answering_replica_stats
 from pdserve.cluster.serve import APP_NAME
 from pdserve.router.api.grpc_service import pb, pb_grpc
 from pdserve.router.api.sse import DONE_DATA
 from pdserve.serving.config import ClusterConfig
-from pdserve.tests.e2e.serve_replicas import token_ids
 
 WAIT_S = 120.0
 POLL_S = 0.05

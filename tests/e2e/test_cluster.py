@@ -21,6 +21,7 @@ import pytest
 import ray
 from ray import serve
 
+from pdserve.benchmarks.openai_http import token_ids
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
@@ -33,7 +34,6 @@ from pdserve.tests.e2e.serve_replicas import (
     SHARED_POOLS,
     offline_greedy,
     random_prompts,
-    token_ids,
     wait_all_free,
     wait_replica_stats,
 )
@@ -95,7 +95,7 @@ def expected(tiny_model_dir, offline, prompt_sets) -> dict[bool, list[list[int]]
 
 def _route_decisions() -> dict[str, int]:
     return collections.Counter(
-        serve.get_app_handle(APP_NAME).route_decisions.remote().result()[MODEL]
+        serve.get_app_handle(APP_NAME).route_decisions.remote().result()["models"][MODEL]
     )
 
 

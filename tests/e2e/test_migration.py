@@ -3,8 +3,9 @@ replica, and each client's stream, HTTP or gRPC, carries exactly the fault-free 
 killed again beyond ``migration_limit``, a stream ends with the in-band error. A prefill replica
 killed before a request, or while the request is inside its prefill call (held there by the
 replica's test hook): the prompt prefills at its decode replica, to the same tokens. ``pdserve bench
-chaos`` runs against it too (a decode kill, streams abandoned): every accepted stream ends whole,
-and every replica frees every block.
+chaos`` runs against it too (a decode kill, then the router's, streams abandoned): every accepted
+stream ends whole or, held by the killed router replica, is cut with it; every completed one
+equals the offline engine; every replica frees every block.
 
 Router + 1 prefill + 2 decode replicas of the tiny model (the session's shared app, after
 test_cluster's tests); Serve starts a new replica for each one killed, and the test waits for it
@@ -25,6 +26,7 @@ from pdserve.benchmarks.chaos_replicas import migrations
 from pdserve.cluster.replicas import answering_replica_stats
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
+from pdserve.serving.config import ROUTER_DEPLOYMENT
 from pdserve.tests.e2e.serve_replicas import (
     SHARED_MIGRATION_LIMIT,
     SHARED_MODEL,
@@ -54,10 +56,11 @@ FIRST_SEED = 100
 MAX_TOKENS = 240
 TOKENS_BEFORE_KILL = 12
 PROMPT_LENGTHS = [40, 300, 90, 500]  # short ones prefill at the decode replica, long remotely
-# bench chaos: 4 streams for 15 s, one decode kill at 8 s, some streams abandoned by the client
-# (seed 0 abandons two); it exits well within CHAOS_TIMEOUT_S. Streams of ~2 s (480 tokens): with
-# 48 (~0.2 s) the kill's pick (the replica's stats, then the kill) could outlast what it carried.
-CHAOS_ARGS = ["--streams", "4", "--seconds", "15", "--kill-every", "8", "--kill", "decode"]
+# bench chaos: 4 streams for 13 s, a decode replica killed at 6 s and the router's at 12 s, some
+# streams abandoned by the client (seed 0 abandons two); it exits well within CHAOS_TIMEOUT_S.
+# Streams of ~2 s (480 tokens): with 48 (~0.2 s) the kill's pick (the replica's stats, then the
+# kill) could outlast what it carried.
+CHAOS_ARGS = ["--streams", "4", "--seconds", "13", "--kill-every", "6", "--kill", "decode,router"]
 CHAOS_ARGS += ["--disconnect-fraction", "0.3", "--input-len", "32", "--output-len", "480"]
 CHAOS_TIMEOUT_S = 300.0
 
@@ -155,7 +158,7 @@ def test_a_prefill_replica_killed_inside_its_call_leaves_the_prompt_to_the_decod
     assert stream.error is None and stream.tokens == expected
 
 
-def test_bench_chaos_ends_every_stream_and_frees_every_block_after_a_decode_kill(
+def test_bench_chaos_ends_every_stream_and_frees_every_block_after_decode_and_router_kills(
     cluster, ray_cluster, tiny_model_dir: Path, tmp_path: Path
 ):
     wait_for_replicas(DECODE, POOLS[DECODE])
@@ -163,6 +166,7 @@ def test_bench_chaos_ends_every_stream_and_frees_every_block_after_a_decode_kill
     out = tmp_path / "chaos.json"
     argv = ["--url", f"http://127.0.0.1:{cluster.http_port}", "--address", ray_cluster.address]
     argv += ["--model", MODEL, "--tokenizer", str(tiny_model_dir), "--out", str(out), *CHAOS_ARGS]
+    argv += ["--reference-model", str(tiny_model_dir)]
     pdserve = Path(sys.executable).with_name("pdserve")
     run = subprocess.run(
         [str(pdserve), "bench", "chaos", *argv],
@@ -174,11 +178,16 @@ def test_bench_chaos_ends_every_stream_and_frees_every_block_after_a_decode_kill
     result = json.loads(out.read_text())
     summary = result["summary"]
     assert summary["failed"] == 0 and summary["completed"] > 0 and summary["abandoned"] > 0
-    assert summary["started"] == sum(summary[e] for e in ("completed", "abandoned", "refused"))
-    [kill] = result["kills"]
+    endings = ("completed", "abandoned", "refused", "cut")
+    assert summary["started"] == sum(summary[e] for e in endings)
+    kill, router_kill = result["kills"]
     assert kill["deployment"] == DECODE and kill["replica"] is not None
     # The kill took the busiest decode replica; what it carried went on elsewhere.
     assert kill["carried"] >= 1 and result["migrated"] >= 1, (kill, result["migrated"])
+    # The only router replica: every stream it held was cut with it, and no other.
+    assert router_kill["deployment"] == ROUTER_DEPLOYMENT and router_kill["carried"] >= 1
+    assert summary["cut"] <= router_kill["carried"], (summary, router_kill)
+    assert result["greedy"] == {"checked": summary["completed"], "differ": 0}
     assert result["problems"] == []
     at_end = [row for row in result["replicas"] if row["live_at_end"]]
     assert sorted(row["deployment"] for row in at_end) == [DECODE, DECODE, PREFILL]
@@ -187,7 +196,9 @@ def test_bench_chaos_ends_every_stream_and_frees_every_block_after_a_decode_kill
     killed = [row for row in result["replicas"] if row["killed"]]
     assert [row["replica"] for row in killed] == [kill["replica"]]
     assert killed[0]["rss_start_bytes"] > 0
-    assert "| started | completed | abandoned | refused | failed | migrated | kills |" in run.stdout
+    assert "| started | completed | abandoned | refused | cut | failed | migrated | kills |" in (
+        run.stdout
+    )
 
 
 def test_every_block_is_free_after_the_kills(cluster):

@@ -20,16 +20,16 @@ from collections.abc import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from ray import serve
 
+from pdserve.benchmarks.openai_http import token_ids
 from pdserve.cluster.gateway import Gateway, ingress_servers
+from pdserve.cluster.replicas import each_answer
 from pdserve.cluster.serve import APP_NAME, free_port
 from pdserve.engine.llm import LLM
-from pdserve.serving.ray_compat import broadcast
+from pdserve.serving.config import ROUTER_DEPLOYMENT
 from pdserve.tests.e2e.serve_replicas import (
     offline_greedy,
     random_prompts,
-    token_ids,
     wait_all_free,
 )
 from pdserve.tests.e2e.streams import (
@@ -77,16 +77,12 @@ def offline(tiny_model_dir) -> LLM:
 
 
 def _each_router(method: str) -> list[dict]:
-    """``method``'s answer from every router replica this process's handle knows of that
-    answers (one killed a moment ago is missing)."""
-    handle = serve.get_deployment_handle("router", app_name=APP_NAME)
-    answers = broadcast(handle, method, CALL_S)
-    return [answer for answer in answers if isinstance(answer, dict)]
+    return each_answer(ROUTER_DEPLOYMENT, method, CALL_S)
 
 
 def _routed() -> list[int]:
     """Each router replica's requests routed so far: its local and remote route decisions."""
-    decisions = [d.get(MODEL, {}) for d in _each_router("route_decisions")]
+    decisions = [d["models"].get(MODEL, {}) for d in _each_router("route_decisions")]
     return [d.get("local", 0) + d.get("remote", 0) for d in decisions]
 
 
@@ -194,7 +190,7 @@ def test_a_router_replica_killed_under_streams_costs_only_its_streams(cluster, o
     held = {d["replica"]: d["models"][MODEL] for d in _each_router("requests_in_flight")}
     assert len(held) == ROUTERS and min(held.values()) > 0, held  # both carry streams
     victim, carried = max(held.items(), key=lambda item: item[1])
-    os.kill(replica_pids("router")[victim], signal.SIGKILL)
+    os.kill(replica_pids(ROUTER_DEPLOYMENT)[victim], signal.SIGKILL)
     # The decode replica stops what the dead router's streams asked for, while the others run on.
     wait(
         lambda: sum(running_by_replica(DECODE).values()) == STREAMS - carried,
@@ -216,7 +212,10 @@ def test_a_router_replica_killed_under_streams_costs_only_its_streams(cluster, o
     for stream, tokens in zip(streams, expected, strict=True):
         assert stream.tokens == tokens[: len(stream.tokens)]
     wait_all_free({DECODE: 1})
-    wait(lambda: len(replica_pids("router")) == ROUTERS, "Serve's replacement router replica")
+    wait(
+        lambda: len(replica_pids(ROUTER_DEPLOYMENT)) == ROUTERS,
+        "Serve's replacement router replica",
+    )
     wait(lambda: len(_each_router("requests_in_flight")) == ROUTERS, "the replacement answering")
 
 

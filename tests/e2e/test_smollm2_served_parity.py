@@ -17,8 +17,9 @@ import openai
 import pytest
 
 from pdserve import LLM
+from pdserve.benchmarks.openai_http import token_ids
 from pdserve.cluster.serve import free_port
-from pdserve.tests.e2e.serve_replicas import offline_greedy, token_ids
+from pdserve.tests.e2e.serve_replicas import offline_greedy
 from pdserve.tests.gguf_models import smollm2_or_skip
 from pdserve.tests.serve_process import pdserve_serve
 from pdserve.tests.smollm2_prompts import MAX_NEW_TOKENS, parity_prompts

@@ -17,13 +17,13 @@ import pytest
 from ray import serve
 from ray.util.state import list_actors
 
+from pdserve.benchmarks.openai_http import token_ids
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.kvtransfer.nixl_shim import nixl_available
 from pdserve.tests.e2e.serve_replicas import (
     offline_greedy,
     random_prompts,
-    token_ids,
     wait_all_free,
     wait_replica_stats,
 )
@@ -101,13 +101,13 @@ def test_the_autoscaler_adds_a_node_per_pool_and_the_pools_run_there(ray_cluster
 
 def test_remote_greedy_equals_offline_and_kv_moves_over_nixl(client, prompts, expected):
     router = serve.get_app_handle(APP_NAME)
-    before = router.route_decisions.remote().result().get(MODEL, {})
+    before = router.route_decisions.remote().result()["models"].get(MODEL, {})
     for prompt, want in zip(prompts, expected, strict=True):
         response = client.completions.create(
             model=MODEL, prompt=prompt, extra_body=GREEDY_EXTRA, **GREEDY
         )
         assert token_ids(response.choices[0].logprobs.tokens) == want, f"prompt of {len(prompt)}"
-    after = router.route_decisions.remote().result()[MODEL]
+    after = router.route_decisions.remote().result()["models"][MODEL]
     assert after["remote"] == before.get("remote", 0) + len(prompts)
     assert after.get("local", 0) == before.get("local", 0)
     (decode,) = wait_replica_stats(f"decode-{MODEL}", 1).values()

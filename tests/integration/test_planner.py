@@ -23,12 +23,12 @@ import torch
 import yaml
 from ray import serve
 
+from pdserve.benchmarks.openai_http import token_ids
 from pdserve.cluster import cli
 from pdserve.cluster.planner.profile import Profile
 from pdserve.cluster.serve import APP_NAME, free_port
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.tests.e2e.serve_replicas import token_ids
 from pdserve.tests.serve_process import pdserve_serve
 
 pytestmark = [

@@ -44,7 +44,7 @@ def kv(model: str) -> dict[str, Any]:
     from pdserve.cluster.serve import APP_NAME
 
     router = serve.get_app_handle(APP_NAME)
-    routes = router.route_decisions.remote().result().get(model, {})
+    routes = router.route_decisions.remote().result()["models"].get(model, {})
     placements = router.placements.remote().result().get(model, {}).get("decode", {})
     decode = list(answering_replica_stats(f"decode-{model}").values())
     return {"routes": routes, "decode": decode, "placements": placements}

@@ -26,11 +26,12 @@ import openai
 import pytest
 import yaml
 
+from pdserve.benchmarks.openai_http import token_ids
 from pdserve.cluster.make_model import make_model
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.router.dispatch.placement import STALE_S
-from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts, token_ids
+from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts
 from pdserve.tests.e2e.streams import WAIT_S, http_stream, wait
 from pdserve.tests.multihost.hosts import CHECKOUT, SKEWED_HOST, Host
 from pdserve.tests.multihost.ray_up import (
