@@ -18,7 +18,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from pdserve.engine.config import EngineConfig
-from pdserve.engine.errors import EngineOverloadedError, EngineStoppedError, RequestError
+from pdserve.engine.errors import (
+    EngineOverloadedError,
+    EngineStoppedError,
+    RemoteKVError,
+    RequestError,
+)
 from pdserve.engine.kv_events import KVEventLog
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import CompletionOutput, RequestOutput
@@ -255,8 +260,8 @@ class AsyncLLMEngine:
                 self._transfers[request_id] = _Transfer(remote_kv)
                 try:
                     remote_kv.start(slots)
-                except Exception:
-                    self._transfer_failed(request_id)
+                except Exception as error:
+                    self._transfer_failed(request_id, error)
                 return engine.get_request(request_id)
             # No room for the prompt's blocks now: prefill it here, queued like any other.
             logger.info("%s: no KV blocks free for the remote prefill; prefilling here", request_id)
@@ -272,8 +277,8 @@ class AsyncLLMEngine:
             try:
                 if not transfer.remote_kv.poll():
                     continue
-            except Exception:
-                self._transfer_failed(request_id)
+            except Exception as error:
+                self._transfer_failed(request_id, error)
                 continue
             del self._transfers[request_id]
             if transfer.aborted:  # its stream has ended already
@@ -285,10 +290,17 @@ class AsyncLLMEngine:
                 )
                 self._dispatch(delta)
 
-    def _transfer_failed(self, request_id: str) -> None:
+    def _transfer_failed(self, request_id: str, error: Exception) -> None:
         # Nothing writes into the request's blocks any more: safe to free or reuse them.
         transfer = self._transfers.pop(request_id)
-        logger.warning("%s: KV transfer failed; prefilling here", request_id, exc_info=True)
+        # A failure transfers may have is one line; anything else is a bug, with its traceback.
+        expected = isinstance(error, RemoteKVError)
+        logger.warning(
+            "%s: KV transfer failed, prefilling here: %s",
+            request_id,
+            error,
+            exc_info=None if expected else error,
+        )
         self.num_transfer_failures += 1
         self._release(request_id, transfer.remote_kv)
         if transfer.aborted:

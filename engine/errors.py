@@ -21,6 +21,11 @@ class EngineStoppedError(RuntimeError):
     """The engine loop is shut down (or died), so the request cannot run or finish."""
 
 
+class RemoteKVError(RuntimeError):
+    """A transfer of a prompt's KV failed as transfers may (a peer gone, a timeout, blocks that
+    landed wrong): the request prefills where it is instead, and one line says why."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint pdserve cannot load; the message is one line that names the file and why
     (the CLI prints it without a traceback)."""

@@ -4,10 +4,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdserve.engine.errors import RemoteKVError
 from pdserve.kvtransfer.layout import KVLayout
 
 
-class KVTransferError(RuntimeError):
+class KVTransferError(RemoteKVError):
     """A transfer failed or timed out, or a peer is gone; the caller may recompute instead."""
 
     reason = "error"  # the label it is counted under in ``kv_transfer_failures``

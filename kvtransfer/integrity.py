@@ -49,5 +49,5 @@ def _check(what: str, fault: str, got: Sequence[int], expected: Sequence[int]) -
     if bad:
         raise KVIntegrityError(
             f"{what}: {len(bad)} of {len(expected)} blocks landed wrong; block {bad[0]} of the "
-            f"pull {fault}; recomputing the prompt here"
+            f"pull {fault}"
         )

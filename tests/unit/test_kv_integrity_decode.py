@@ -97,7 +97,7 @@ def decoder(config: EngineConfig, request) -> Iterator[Decoder]:
 
 @pytest.mark.parametrize("decoder", ["none", "corrupt", "free_early", "reuse"], indirect=True)
 def test_integrity_the_decode_path_recomputes_what_landed_wrong(
-    config, prompt, fault_free, decoder
+    config, prompt, fault_free, decoder, caplog: pytest.LogCaptureFixture
 ) -> None:
     fault = decoder.connectors[0].faults.fault
     owner = LLMEngine(config)
@@ -113,3 +113,7 @@ def test_integrity_the_decode_path_recomputes_what_landed_wrong(
     assert decoder.engine.num_transfer_failures == caught
     assert decoder.connectors[0].stats.failures == ({"checksum": 1} if caught else {})
     assert decoder.connectors[0].stats.num_transfers == (not caught)
+    # Logged once, in one line that says why: a transfer's own failure has no traceback.
+    failed = [r for r in caplog.records if "KV transfer failed" in r.getMessage()]
+    assert len(failed) == caught and all(r.exc_info is None for r in failed)
+    assert all("blocks landed wrong" in r.getMessage() for r in failed), failed
