@@ -24,6 +24,10 @@ SUBCOMMANDS = {
     "generate": ("pdserve.cluster.generate", "generate offline with the engine (no cluster)"),
     "bench": ("pdserve.benchmarks.cli", "run a benchmark against a baseline from the same run"),
     "serve": ("pdserve.cluster.serve", "serve models on Ray until Ctrl-C"),
+    "gateway": (
+        "pdserve.cluster.gateway_cli",
+        "HAProxy in front of a running cluster's router replicas, until Ctrl-C",
+    ),
     "build-kernels": (
         "pdserve.cluster.build_kernels",
         "compile the native CPU kernels for this CPU",

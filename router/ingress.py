@@ -83,10 +83,14 @@ class APIIngress(GenerationServicer):
         return await self._planner.history.remote()
 
     def requests_in_flight(self) -> dict:
-        """This router replica's id (``replica``), and per model the requests it holds now, each
-        under its model's bound (``models``)."""
+        """This router replica's id (``replica``), and per model the requests it holds now
+        (``models``) and its bound on them (``bounds``, ``max_concurrent_requests``)."""
         replica = serve.get_replica_context().replica_id.unique_id
-        return {"replica": replica, "models": self.admission.in_flight()}
+        return {
+            "replica": replica,
+            "models": self.admission.in_flight(),
+            "bounds": self.admission.limits(),
+        }
 
     def take_request_timings(self) -> list[dict]:
         """The HTTP requests' timings logged since the last call (``router/timing.py``)."""

@@ -1,5 +1,5 @@
-"""``pdserve serve`` as a user runs it: a process of its own, up once it prints its Ctrl-C line,
-stopped with Ctrl-C, which it must answer by exiting 0."""
+"""``pdserve serve`` (or ``pdserve gateway``) as a user runs it: a process of its own, up once it
+prints its Ctrl-C line, stopped with Ctrl-C, which it must answer by exiting 0."""
 
 import os
 import signal
@@ -16,14 +16,14 @@ POLL_S = 0.2
 
 
 @contextmanager
-def pdserve_serve(args: list[str], cwd: Path) -> Iterator[Path]:
-    """Runs ``pdserve serve *args`` in ``cwd``; yields the file its output goes to (a file, not
+def pdserve_serve(args: list[str], cwd: Path, verb: str = "serve") -> Iterator[Path]:
+    """Runs ``pdserve VERB *args`` in ``cwd``; yields the file its output goes to (a file, not
     a pipe: a pipe nobody reads would fill and stall the server's logging)."""
     pdserve = Path(sys.executable).with_name("pdserve")
-    log = cwd / "pdserve-serve.log"
+    log = cwd / f"pdserve-{verb}.log"
     with open(log, "w") as out:
         server = subprocess.Popen(
-            [str(pdserve), "serve", *args],
+            [str(pdserve), verb, *args],
             cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -32,8 +32,8 @@ def pdserve_serve(args: list[str], cwd: Path) -> Iterator[Path]:
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while "Ctrl-C stops" not in log.read_text():
-            assert server.poll() is None, f"pdserve serve exited early:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"pdserve serve not up:\n{log.read_text()[-3000:]}"
+            assert server.poll() is None, f"pdserve {verb} exited early:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"pdserve {verb} not up:\n{log.read_text()[-3000:]}"
             time.sleep(POLL_S)
         yield log
     finally:

@@ -69,6 +69,10 @@ class Admission:
     def __getitem__(self, model: str) -> InFlightLimit:
         return self._limits[model]
 
+    def limits(self) -> dict[str, int]:
+        """Per model, its bound."""
+        return {model: limit.limit for model, limit in self._limits.items()}
+
     def in_flight(self) -> dict[str, int]:
         """Per model, its requests in flight now."""
         return {model: limit.in_flight for model, limit in self._limits.items()}

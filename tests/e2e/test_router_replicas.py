@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import threading
 import urllib.request
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from pdserve.cluster.gateway import Gateway, ingress_servers
 from pdserve.cluster.replicas import each_answer
 from pdserve.cluster.serve import APP_NAME, free_port
 from pdserve.engine.llm import LLM
-from pdserve.serving.config import ROUTER_DEPLOYMENT
+from pdserve.serving.config import DEFAULT_MAX_CONCURRENT_REQUESTS, ROUTER_DEPLOYMENT
 from pdserve.tests.e2e.serve_replicas import (
     offline_greedy,
     random_prompts,
@@ -39,6 +40,7 @@ from pdserve.tests.e2e.streams import (
     running_by_replica,
     wait,
 )
+from pdserve.tests.serve_process import pdserve_serve
 
 pytestmark = pytest.mark.slow
 
@@ -171,6 +173,21 @@ def test_the_gateway_holds_each_router_replica_to_its_bound(cluster, offline):
     assert len(whole) + len(refused) == BURST, _ends(streams)  # nothing else: no 5xx, no cut
     assert len(whole) >= ROUTERS * GATEWAY_BOUND and refused, _ends(streams)
     assert 0 < held <= GATEWAY_BOUND
+
+
+def test_pdserve_gateway_fronts_a_cluster_it_did_not_start(cluster, ray_cluster, offline, tmp_path):
+    """``pdserve gateway``, as on a ``ray up`` cluster's head: it finds both router replicas and
+    their bound, serves the API through them, and exits 0 on Ctrl-C, its port closed."""
+    port = free_port()
+    args = ["--address", ray_cluster.address, "--host", "127.0.0.1", "--port", str(port)]
+    with pdserve_serve(args, tmp_path, verb="gateway") as log:
+        banner = f"-> {ROUTERS} router replicas, {DEFAULT_MAX_CONCURRENT_REQUESTS} requests each"
+        assert banner in log.read_text(), log.read_text()
+        prompts = random_prompts(4, [24] * ROUTERS)
+        answers = [_complete(f"http://127.0.0.1:{port}", p, 8) for p in prompts]
+        assert answers == offline_greedy(offline, prompts, 8)
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "the gateway's port still answers"
 
 
 def test_a_router_replica_killed_under_streams_costs_only_its_streams(cluster, offline):

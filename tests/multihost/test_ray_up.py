@@ -1,7 +1,8 @@
 """`ray up deploy/cluster-local.yaml` onto the four test hosts, over SSH: the head on host1, the
 head's autoscaler starting workers on host2 (prefill only), host3 and host4 (decode only); Serve
 deploys deploy/serve-cluster.yaml from the head; greedy tokens through the openai SDK, from this
-machine to the head's HTTP port, equal the offline engine's, every prompt prefilled on host2 and
+machine to the gateway `ray up` started on the head (`pdserve gateway`, :8000), equal the offline
+engine's, every prompt prefilled on host2 and
 its KV pulled by a decode host over NIXL, whose UCX reports the transport; the router dates the
 decode replicas' reports right though every host's monotonic clock differs and host3's wall clock
 runs an hour behind; host4 lost mid-stream (its link cut, every process killed) loses no stream,
@@ -17,6 +18,7 @@ import secrets
 import shlex
 import shutil
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +29,12 @@ import pytest
 import yaml
 
 from pdserve.benchmarks.openai_http import token_ids
+from pdserve.cluster.gateway import READY_PATH
 from pdserve.cluster.make_model import make_model
 from pdserve.cluster.serve import APP_NAME
 from pdserve.engine.llm import LLM
 from pdserve.router.dispatch.placement import STALE_S
+from pdserve.serving.config import DEFAULT_HTTP_PORT
 from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts
 from pdserve.tests.e2e.streams import WAIT_S, http_stream, wait
 from pdserve.tests.multihost.hosts import CHECKOUT, SKEWED_HOST, Host
@@ -72,6 +76,7 @@ UCX_READ = "remote memory read by ucp_get"
 UCX_TABLE_LINES = 20  # a READ table's rows follow its operation's line within these
 RAY_LOGS = "/tmp/ray/session_latest/logs"  # the host's own /tmp
 APP_TIMEOUT_S = 180.0
+GATEWAY_PORT = DEFAULT_HTTP_PORT  # `pdserve gateway`'s, as deploy/cluster-local.yaml starts it
 REQUEST_TIMEOUT_S = 120.0
 DOWN_TIMEOUT_S = 120.0
 REPLACE_TIMEOUT_S = 150.0  # the autoscaler's heartbeat timeout (30 s), `ray start`, a replica
@@ -168,7 +173,20 @@ def deployed(launched: Launched, model_dir: Path) -> Launched:
     launched.app = launched.view("app", APP_NAME, APP_TIMEOUT_S, first=f"serve deploy {serve_file}")
     nodes = [node["address"] for node in launched.app["nodes"]]
     assert launched.app["status"] == "RUNNING", (launched.app.get("message"), nodes)
+    ready = f"http://{launched.hosts[0].address}:{GATEWAY_PORT}{READY_PATH}"
+    deadline = time.monotonic() + APP_TIMEOUT_S
+    while not _answers(ready):  # the gateway finds the router within its poll
+        assert time.monotonic() < deadline, launched.exec("cat /tmp/pdserve-gateway.log")
+        time.sleep(POLL_S)
     return launched
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=POLL_S) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def replica_hosts(hosts: list[Host], pool: str) -> list[str]:
@@ -219,8 +237,7 @@ def test_each_pool_runs_on_its_hosts_and_the_router_on_the_head(deployed: Launch
 def test_greedy_tokens_through_the_openai_sdk_equal_the_offline_engines(
     deployed: Launched, prompts: list[list[int]], expected: list[list[int]]
 ) -> None:
-    port = deployed.serve["http_options"]["port"]
-    base_url = f"http://{deployed.hosts[0].address}:{port}/v1"  # the head, across the bridge
+    base_url = f"http://{deployed.hosts[0].address}:{GATEWAY_PORT}/v1"  # across the bridge
     with openai.OpenAI(
         base_url=base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
     ) as sdk:
@@ -267,8 +284,8 @@ def test_a_decode_host_lost_mid_stream_loses_no_stream(deployed: Launched, model
     prompts = random_prompts(1, LOSS_PROMPT_LENGTHS)
     offline = LLM(str(model_dir), num_kv_blocks=NUM_KV_BLOCKS)
     expected = offline_greedy(offline, prompts, LOSS_MAX_TOKENS)
-    port, head = deployed.serve["http_options"]["port"], deployed.hosts[0].address
-    streams = [http_stream(port, MODEL, prompt, LOSS_MAX_TOKENS, head) for prompt in prompts]
+    head = deployed.hosts[0].address
+    streams = [http_stream(GATEWAY_PORT, MODEL, p, LOSS_MAX_TOKENS, head) for p in prompts]
     for stream in streams:
         stream.start()
     wait(lambda: all(len(s.tokens) >= KILL_AFTER for s in streams), "the first tokens")
