@@ -29,7 +29,7 @@ WHEELS ?= /opt/wheels
 FIND_LINKS = $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(FIND_LINKS)
 
-.PHONY: setup lock test test-fast test-newest test-real-model smollm2-reference test-deps lint serve demo model clean
+.PHONY: setup lock test test-fast test-newest test-real-model test-node-autoscaling smollm2-reference test-deps lint serve demo model clean
 
 # A fresh environment, exactly the lock: a changed lock is a new environment, not an upgrade of
 # the old one, so nothing the lock dropped stays behind.
@@ -89,7 +89,8 @@ test: lint test-deps
 		tests; status=$$?; echo "the tests without Ray: $$(($$(date +%s) - start)) s"; \
 		exit $$status; } > $$rest_log 2>&1 & \
 	rest=$$!; \
-	RAY_worker_niceness=0 $(PY) -m pytest -q -m "ray and not real_model" --durations=12 tests; \
+	RAY_worker_niceness=0 $(PY) -m pytest -q -m "ray and not real_model and not node_autoscaling" \
+		--durations=12 tests; \
 	ray_status=$$?; ray_s=$$(($$(date +%s) - start)); \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
@@ -103,6 +104,13 @@ test: lint test-deps
 test-real-model: export OMP_WAIT_POLICY = PASSIVE
 test-real-model: setup
 	RAY_worker_niceness=0 $(PY) -m pytest -q -m real_model tests
+
+# Ray's autoscaler adding a test host for a replica that does not fit and removing it once idle
+# (marker node_autoscaling, tests/multihost): minutes on two cores; run before changing the
+# cluster configs or the test hosts.
+test-node-autoscaling: export OMP_WAIT_POLICY = PASSIVE
+test-node-autoscaling: setup test-deps
+	RAY_worker_niceness=0 $(PY) -m pytest -q -s -m node_autoscaling tests
 
 # Records transformers' greedy tokens on SmolLM2's parity prompts again (tests/data/), after the
 # prompts, the model wheel or the locked transformers changed.

@@ -4,10 +4,15 @@
 SSH key, this run's Ray token; since the hosts share this machine's disk, it drops the copies of
 the checkout and the model and `make setup`, and puts this checkout's environment on the PATH.
 Each node's object store is kept small: the default (30% of memory) would not fit thrice.
+``autoscaling_config`` makes it one whose autoscaler starts some of the hosts on demand.
 ``serve_config`` renders deploy/serve-cluster.yaml for one small model with fixed pools.
+``ray_up_state`` makes the folder a `ray up` keeps its files in, and each host's own resources.
 """
 
+import json
 import os
+import secrets
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +52,23 @@ RETRIED_RAY_START = (
 AUTOSCALER_V1 = {"RAY_UP_enable_autoscaler_v2": "0"}
 RAY_CLI_TIMEOUT_S = 240.0
 LOG_TAIL_CHARS = 4000
+LOCAL_NODE_TYPE = "local.cluster.node"  # the local provider's one node type (Ray's name)
+IDLE_MINUTES = 0.5  # an added host idle this long goes again
+
+
+def ray_up_state(
+    hosts: list[Host], name: str, host_resources: dict[int, dict[str, float]]
+) -> tuple[Path, Path]:
+    """A folder ``name`` for one `ray up` (its config, log and Ray token: the folder and the
+    token's path are returned), with each host in ``host_resources`` (by index) given its own
+    resources where its start commands read them (``NODE_RESOURCES``)."""
+    state = hosts[0].dir.parent / name
+    state.mkdir()
+    token = state / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    for index, resources in host_resources.items():
+        hosts[index - 1].ssh(f"echo {shlex.quote(json.dumps(resources))} > {NODE_RESOURCES}")
+    return state, token
 
 
 def cluster_config(hosts: list[Host], token: Path) -> dict[str, Any]:
@@ -77,6 +99,37 @@ def cluster_config(hosts: list[Host], token: Path) -> dict[str, Any]:
         RETRIED_RAY_START + c.replace("ray start", "ray_start") if "ray start" in c else c
         for c in (c.replace(*HEAD_WATCH_SLEEP) for c in workers)
     ]
+    return config
+
+
+def autoscaling_config(
+    config: dict[str, Any], resources: dict[str, float], min_workers: int
+) -> dict[str, Any]:
+    """``config`` (``cluster_config``'s) with ``min_workers`` of its workers started by `ray up`
+    and the others by the autoscaler when a replica asks for room that does not fit, each
+    counted as offering ``resources``; one idle for ``IDLE_MINUTES`` goes again.
+
+    Ray's local provider gives its one worker type no resources of its own, so its autoscaler
+    never starts a machine for a custom resource (``prefill_node``, ``decode_node``): it learns
+    only a type's CPUs and memory from the nodes it sees. A config that already names the type
+    (``local.cluster.node``) with its resources is taken as written, which Ray allows only in its
+    full form: every field its own preparation would fill in, written out here.
+    """
+    config = dict(config)
+    del config["min_workers"]
+    config["available_node_types"] = {
+        LOCAL_NODE_TYPE: {
+            "node_config": {},
+            "resources": resources,
+            "min_workers": min_workers,
+            "max_workers": config["max_workers"],
+        }
+    }
+    config["head_node_type"] = LOCAL_NODE_TYPE
+    config["idle_timeout_minutes"] = IDLE_MINUTES
+    config["head_setup_commands"] = config["worker_setup_commands"] = config["setup_commands"]
+    config |= {key: [] for key in ("cluster_synced_files", "initialization_commands")}
+    config |= {"rsync_filter": [], "file_mounts_sync_continuously": False}
     return config
 
 

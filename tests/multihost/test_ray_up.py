@@ -14,7 +14,6 @@ The tests run in order on one cluster: the last one takes it down.
 
 import itertools
 import json
-import secrets
 import shlex
 import shutil
 import time
@@ -39,10 +38,10 @@ from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts
 from pdserve.tests.e2e.streams import WAIT_S, http_stream, wait
 from pdserve.tests.multihost.hosts import CHECKOUT, SKEWED_HOST, Host
 from pdserve.tests.multihost.ray_up import (
-    NODE_RESOURCES,
     RAY,
     cluster_config,
     ray_cli,
+    ray_up_state,
     serve_config,
 )
 
@@ -114,14 +113,8 @@ class Launched:
 
 @pytest.fixture(scope="module")
 def launched(hosts: list[Host]) -> Iterator[Launched]:
-    state = hosts[0].dir.parent / "ray-up"
-    state.mkdir()
-    token = state / "auth_token"
-    token.write_text(secrets.token_hex(32))
-    for pool, indices in POOL_HOSTS.items():
-        resources = shlex.quote(json.dumps({POOL_RESOURCES[pool]: 1}))
-        for index in indices:
-            hosts[index - 1].ssh(f"echo {resources} > {NODE_RESOURCES}")
+    own = {i: {POOL_RESOURCES[pool]: 1} for pool, indices in POOL_HOSTS.items() for i in indices}
+    state, token = ray_up_state(hosts, "ray-up", own)
     config = state / "cluster.yaml"
     config.write_text(yaml.safe_dump(cluster_config(hosts, token)))
     baseline = {host.index: set(host.processes()) for host in hosts}
