@@ -1,9 +1,13 @@
 """The gateway's real HAProxy in front of stand-ins for the router replicas (local HTTP servers
 that hold each request until told): each replica holds its bound; the next request is refused by
 HAProxy itself (429, OpenAI's envelope, ``Retry-After``) without reaching a replica, while other
-paths are still answered; a change in the replicas reloads it; with none, 503."""
+paths are still answered; a change in the replicas reloads it; with none, 503; it ends with the
+process that started it."""
 
 import json
+import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -180,3 +184,30 @@ def test_each_replica_is_held_to_the_bound(tmp_path: Path) -> None:
     for backend in ("routers", "control"):
         section = config.split(f"\nbackend {backend}\n")[1].split("\nbackend ")[0]
         assert f"errorfile 503 {tmp_path / '429.http'}" in section
+
+
+def test_haproxy_ends_with_the_process_that_started_it() -> None:
+    """A gateway's process killed outright (as a Ray driver whose cluster went away may be)
+    leaves no HAProxy holding its port."""
+    port = free_port()
+    code = (
+        "import time\n"
+        "from pdserve.cluster.gateway import Gateway\n"
+        "from pdserve.tests.unit.test_gateway import Replica\n"
+        f"gateway = Gateway(lambda: [Replica('a').address], 1, '127.0.0.1', {port})\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-P", "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        assert _send(f"http://127.0.0.1:{port}/v1/models", "GET")[2] == b"a"
+    finally:
+        owner.kill()
+        owner.wait()
+    _wait_for(lambda: not _listening(port))
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
