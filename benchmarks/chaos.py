@@ -115,7 +115,7 @@ async def _chaos(
     plan: list[tuple[float, str]],
     draw: Draw,
     migrated: MigrationCount,
-) -> tuple[list[Outcome], list[Kill], float]:
+) -> tuple[list[Outcome], int, list[Kill], float]:
     start = time.monotonic()
     async with OpenAIClient(args.url) as client:
         rng = random.Random(args.seed)
@@ -130,8 +130,10 @@ async def _chaos(
             args.seed,
         )
         done = await kills
-    cuts = [start + k.at_s for k in done if k.deployment == ROUTER_DEPLOYMENT and k.replica]
-    return cut_by_router_kills(outcomes, cuts), done, time.monotonic() - start
+    routers = [k for k in done if k.deployment == ROUTER_DEPLOYMENT and k.replica]
+    windows = [(start + k.counted_s, start + k.at_s) for k in routers]
+    outcomes, uncounted = cut_by_router_kills(outcomes, windows)
+    return outcomes, uncounted, done, time.monotonic() - start
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         start_stats = pool_stats(model, args.settle_timeout)
         routers, migrated = router_size(), MigrationCount(model)
-        outcomes, kills, seconds = asyncio.run(_chaos(args, model, plan, draw, migrated))
+        chaos = _chaos(args, model, plan, draw, migrated)
+        outcomes, uncounted, kills, seconds = asyncio.run(chaos)
         sizes = {deployment: len(replicas) for deployment, replicas in start_stats.items()}
         end_stats = settled_pool_stats(model, sizes, routers, args.settle_timeout)
         num_migrated = migrated.total()
@@ -157,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     greedy = None
     if args.reference_model is not None:
         greedy = greedy_differences(args.reference_model, outcomes)
-    summary = summarize(outcomes)
+    summary = summarize(outcomes) | {"cut_sent_during_a_kill": uncounted}
     rows = replica_rows(start_stats, end_stats, kills)
     result = {
         "model": model,

@@ -21,6 +21,7 @@ class Kill(NamedTuple):
     deployment: str
     replica: str | None  # None: the pool had no live replica to kill
     carried: int  # requests running or waiting on it as it answered just before the kill
+    counted_s: float  # from the run's start: when it was asked, a moment before ``at_s``
 
 
 def parse_roles(text: str) -> list[str]:
@@ -59,7 +60,8 @@ async def run_kills(
         deployment = role_deployment(role, model)
         if role == "router":
             await asyncio.to_thread(migrated.look)
+        counted = time.monotonic() - start
         # Ray's state API and ray.kill block: off the loop, which carries the streams.
         replica, carried = await asyncio.to_thread(kill_replica, deployment, model, rng)
-        kills.append(Kill(time.monotonic() - start, deployment, replica, carried))
+        kills.append(Kill(time.monotonic() - start, deployment, replica, carried, counted))
     return kills

@@ -121,12 +121,20 @@ async def run_load(
     return [outcome for outcomes in await asyncio.gather(*loops) for outcome in outcomes]
 
 
-def cut_by_router_kills(outcomes: list[Outcome], kill_times: list[float]) -> list[Outcome]:
+def cut_by_router_kills(
+    outcomes: list[Outcome], kills: list[tuple[float, float]]
+) -> tuple[list[Outcome], int]:
     """``outcomes`` with each failed stream that was under way when a router replica was killed
-    (``kill_times``: ``time.monotonic()``) counted as cut instead."""
+    counted as cut instead; and how many of those were sent while the kill's replica was being
+    counted (``kills``: (counted, killed), ``time.monotonic()``), which its count may miss."""
 
     def cut(outcome: Outcome) -> bool:
         start, end = outcome.span
-        return outcome.ending == "failed" and any(start <= at <= end for at in kill_times)
+        return outcome.ending == "failed" and any(start <= at <= end for _, at in kills)
 
-    return [outcome._replace(ending="cut") if cut(outcome) else outcome for outcome in outcomes]
+    endings = [outcome._replace(ending="cut") if cut(outcome) else outcome for outcome in outcomes]
+    uncounted = sum(
+        o.ending == "cut" and any(counted <= o.span[0] <= at for counted, at in kills)
+        for o in endings
+    )
+    return endings, uncounted

@@ -109,26 +109,28 @@ def test_a_failed_stream_under_way_at_a_router_kill_is_cut_and_no_other() -> Non
     error = "ClientPayloadError: cut"
     outcomes = [
         _outcome("failed", 2, error, span=(1.0, 5.0)),  # under way at the kill
+        _outcome("failed", 2, error, span=(2.95, 5.0)),  # sent while its replica was counted
         _outcome("failed", 2, error, span=(6.0, 9.0)),  # sent after it
         _outcome("completed", 8, span=(1.0, 5.0)),  # a router kill leaves it be
     ]
-    endings = [o.ending for o in cut_by_router_kills(outcomes, [3.0])]
-    assert endings == ["cut", "failed", "completed"]
-    assert [o.ending for o in cut_by_router_kills(outcomes, [])] == [
-        "failed",
-        "failed",
-        "completed",
-    ]
+    cut, uncounted = cut_by_router_kills(outcomes, [(2.9, 3.0)])
+    assert [o.ending for o in cut] == ["cut", "cut", "failed", "completed"] and uncounted == 1
+    cut, uncounted = cut_by_router_kills(outcomes, [])
+    assert [o.ending for o in cut] == ["failed", "failed", "failed", "completed"]
+    assert uncounted == 0
 
 
 def test_more_cuts_than_the_killed_routers_carried_or_a_greedy_difference_fail_the_run() -> None:
     rows = replica_rows({}, {}, [])
     summary = summarize([_outcome("cut", 2, "cut"), _outcome("cut", 1, "cut")])
-    kills = [Kill(3.0, ROUTER, "r", 2), Kill(6.0, DECODE, "d", 5)]
+    kills = [Kill(3.0, ROUTER, "r", 2, 2.9), Kill(6.0, DECODE, "d", 5, 5.9)]
     assert problems(summary, rows, kills, {"checked": 4, "differ": 0}) == []
-    assert problems(summary, rows, [kills[0], Kill(9.0, ROUTER, None, 0)], None) == []
+    assert problems(summary, rows, [kills[0], Kill(9.0, ROUTER, None, 0, 8.9)], None) == []
+    # One of the two sent while the replica's requests were counted: its count could not hold it.
+    late = summary | {"cut_sent_during_a_kill": 1}
+    assert problems(late, rows, [Kill(3.0, ROUTER, "r", 1, 2.9)], None) == []
     found = problems(
-        summary, rows, [Kill(3.0, ROUTER, "r", 1), kills[1]], {"checked": 4, "differ": 1}
+        summary, rows, [Kill(3.0, ROUTER, "r", 1, 2.9), kills[1]], {"checked": 4, "differ": 1}
     )
     assert found == [
         "2 streams cut by router kills, more than the killed router replicas carried (1)",
@@ -139,7 +141,8 @@ def test_more_cuts_than_the_killed_routers_carried_or_a_greedy_difference_fail_t
 def test_a_killed_replica_and_its_successor_are_rows_apart() -> None:
     start = {DECODE: {"a": _stats("a", 64), "b": _stats("b", 64)}, PREFILL: {"p": _stats("p", 64)}}
     end = {DECODE: {"b": _stats("b", 64, rss_mib=120), "c": _stats("c", 64)}, PREFILL: {}}
-    rows = replica_rows(start, end, [Kill(10.0, DECODE, "a", 2), Kill(20.0, PREFILL, "p", 1)])
+    kills = [Kill(10.0, DECODE, "a", 2, 9.9), Kill(20.0, PREFILL, "p", 1, 19.9)]
+    rows = replica_rows(start, end, kills)
     by_id = {row["replica"]: row for row in rows}
     assert list(by_id) == ["a", "b", "c", "p"]
     assert by_id["a"]["killed"] and not by_id["a"]["live_at_end"]
