@@ -5,6 +5,8 @@ head by `ray exec` (`python head_driver.py VIEW ARG...`), it prints one JSON lin
   each live node's address and resources.
 - ``kv MODEL``: the router's route decisions for MODEL, each decode replica's stats, and each
   decode replica as the router's placement sees it.
+- ``scale DEPLOYMENT REPLICAS``: Serve's target for the app's DEPLOYMENT set as the planner sets
+  it (``set_target_replicas``); the deployment and the target.
 """
 
 import json
@@ -15,6 +17,7 @@ from typing import Any
 import ray
 
 POLL_S = 1.0
+SCALE_TIMEOUT_S = 60.0
 
 
 def app(name: str, timeout_s: float) -> dict[str, Any]:
@@ -50,7 +53,19 @@ def kv(model: str) -> dict[str, Any]:
     return {"routes": routes, "decode": decode, "placements": placements}
 
 
-VIEWS = {"app": lambda name, timeout_s: app(name, float(timeout_s)), "kv": kv}
+def scale(deployment: str, replicas: int) -> dict[str, Any]:
+    from pdserve.cluster.serve import APP_NAME
+    from pdserve.serving.ray_compat import set_target_replicas
+
+    set_target_replicas(APP_NAME, deployment, replicas, SCALE_TIMEOUT_S)
+    return {"deployment": deployment, "replicas": replicas}
+
+
+VIEWS = {
+    "app": lambda name, timeout_s: app(name, float(timeout_s)),
+    "kv": kv,
+    "scale": lambda deployment, replicas: scale(deployment, int(replicas)),
+}
 
 if __name__ == "__main__":
     view, *args = sys.argv[1:]

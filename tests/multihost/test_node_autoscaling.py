@@ -46,11 +46,6 @@ STARTED_BY_RAY_UP = 2  # host2 and host3; host4 waits for the autoscaler
 APP_TIMEOUT_S = 180.0
 SCALE_TIMEOUT_S = 180.0
 POLL_S = 2.0
-SCALE = (
-    "cd /tmp && python -c \"import ray; ray.init(address='auto', logging_level='ERROR'); "
-    "from pdserve.serving.ray_compat import set_target_replicas; "
-    "set_target_replicas('{app}', '{deployment}', {replicas}, 60)\""
-)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +94,7 @@ def test_a_host_is_added_for_a_replica_that_does_not_fit_and_removed_once_idle(
     assert sorted(node["address"] for node in app["nodes"]) == [head, prefill_host, decode_host]
 
     start = time.monotonic()
-    cluster.exec(SCALE.format(app=APP_NAME, deployment=DECODE, replicas=2))
+    assert cluster.view("scale", DECODE, 2) == {"deployment": DECODE, "replicas": 2}
     # The second replica's room is on no node: the autoscaler starts the listed host left.
     _until(lambda: len(deployment_hosts(hosts, DECODE)) == 2, SCALE_TIMEOUT_S, "host4")
     added_s = time.monotonic() - start
@@ -108,7 +103,7 @@ def test_a_host_is_added_for_a_replica_that_does_not_fit_and_removed_once_idle(
     print(f"\na decode replica on a host the autoscaler added {added_s:.0f} s after the ask")
 
     start = time.monotonic()
-    cluster.exec(SCALE.format(app=APP_NAME, deployment=DECODE, replicas=1))
+    assert cluster.view("scale", DECODE, 1) == {"deployment": DECODE, "replicas": 1}
     # Serve stops one of the two replicas; its host idles IDLE_MINUTES and goes.
     _until(lambda: len(_node_addresses(cluster)) == 3, SCALE_TIMEOUT_S, "an idle host's removal")
     removed_s = time.monotonic() - start
