@@ -35,7 +35,7 @@ class Observation:
     decode_batch: float | None  # mean requests running on a decode replica
     decode_kv_usage: float | None = None  # the fullest decode replica's KV usage (0..1), mean
     decode_waiting: float | None = None  # requests waiting on the decode replicas, mean
-    prefill_waiting: float | None = None  # prompts waiting on the prefill replicas, mean
+    prefill_queued: float | None = None  # prompts on the prefill replicas beyond one each, mean
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class ModelPlanner:
         )
         prefill, why_prefill = 0, "none"
         if self.prefill is not None:
-            queued = prefill_at_capacity(seen.ttft_s, self.targets.ttft_s, seen.prefill_waiting)
+            queued = prefill_at_capacity(seen.ttft_s, self.targets.ttft_s, seen.prefill_queued)
             wanted = need.prefill if queued is None else max(need.prefill, current[0] + 1)
             prefill, why_prefill = self.prefill.next(current[0], wanted)
             if queued is not None:

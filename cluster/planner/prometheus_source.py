@@ -12,8 +12,8 @@ Per model, over a window of ``window_s`` seconds:
 - decode batch: the requests running on a decode replica, averaged over the window;
 - decode room: the fullest decode replica's KV usage and the requests waiting on the decode
   replicas, averaged over the window (``sizing.decode_at_capacity``);
-- prefill queue: the prompts waiting on the prefill replicas, averaged over the window
-  (``sizing.prefill_at_capacity``).
+- prefill queue: the prompts on each prefill replica (running and waiting, averaged over the
+  window) beyond the one it prefills, summed over the pool (``sizing.prefill_at_capacity``).
 
 Before those, ``ages`` says whether there is anything to read (``data_health.py``): how old the
 newest sample is of series each model exports whatever its load.
@@ -53,11 +53,11 @@ class PrometheusSource:
         def increase(metric: str, where: str = "") -> str:
             return f"sum by (model_name) (increase(ray_pdserve_{metric}{where}[{w}]))"
 
-        def pool_mean(metric: str, across: str, pool: str = "decode") -> str:
-            return (
-                f"{across} by (model_name) (avg_over_time("
-                f'ray_pdserve_{metric}{{pool="{pool}"}}[{w}]))'
-            )
+        def mean(metric: str, pool: str) -> str:  # per replica, over the window
+            return f'avg_over_time(ray_pdserve_{metric}{{pool="{pool}"}}[{w}])'
+
+        def pool_mean(metric: str, across: str) -> str:
+            return f"{across} by (model_name) ({mean(metric, 'decode')})"
 
         arrivals = self.query(increase("route_decisions_total"))
         requests = self.query(increase("time_to_first_token_seconds_count"))
@@ -74,7 +74,12 @@ class PrometheusSource:
         batch = self.query(pool_mean("num_requests_running", "avg"))
         kv_usage = self.query(pool_mean("kv_cache_usage_perc", "max"))
         waiting = self.query(pool_mean("num_requests_waiting", "sum"))
-        prefill_waiting = self.query(pool_mean("num_requests_waiting", "sum", "prefill"))
+        # A prefill replica's prompts beyond the one it prefills; it batches all that fit its token
+        # budget into one step, so a queue shows as running before it shows as waiting.
+        prompts = " + ".join(
+            mean(m, "prefill") for m in ("num_requests_running", "num_requests_waiting")
+        )
+        prefill_queued = self.query(f"sum by (model_name) (clamp_min({prompts} - 1, 0))")
         seen = {}
         for model in models:
             n = requests.get(model, 0.0)
@@ -87,6 +92,6 @@ class PrometheusSource:
                 decode_batch=batch.get(model),
                 decode_kv_usage=kv_usage.get(model),
                 decode_waiting=waiting.get(model),
-                prefill_waiting=prefill_waiting.get(model),
+                prefill_queued=prefill_queued.get(model),
             )
         return seen

@@ -23,10 +23,11 @@ the model describes badly, is corrected by what the cluster shows.
 **At capacity**: a profile times steps; it does not see room. A decode pool whose fullest replica's
 KV cache is nearly full, or with requests waiting for a place in a batch, takes no more work
 whatever its step times predict, so it gets a replica more than it has. A prefill pool that misses
-its TTFT target while prompts wait on its replicas loses the time in its queue, which another
-replica shortens whatever the corrected profile says (the correction is capped): it gets a replica
-more too. One that misses it with nothing waiting does not: each prompt's own prefill is too slow,
-and more replicas would not make it faster.
+its TTFT target while prompts queue on its replicas (more than one on a replica: it batches the
+prompts that fit its token budget into one step, on a CPU no faster than one after another) loses
+the time in its queue, which another replica shortens whatever the corrected profile says (the
+correction is capped): it gets a replica more too. One that misses it with nothing queued does
+not: each prompt's own prefill is too slow, and more replicas would not make it faster.
 """
 
 import math
@@ -122,12 +123,12 @@ def bounded(value: float) -> float:
     return min(MAX_CORRECTION, max(MIN_CORRECTION, value))
 
 
-def prefill_at_capacity(ttft_s: float | None, target_s: float, waiting: float | None) -> str | None:
-    """Why the prefill pool's queue costs the TTFT target (the TTFT seen, the prompts waiting on
-    its replicas), or None while the target is met or no prompt waits."""
-    if ttft_s is None or ttft_s <= target_s or waiting is None or waiting < 1:
+def prefill_at_capacity(ttft_s: float | None, target_s: float, queued: float | None) -> str | None:
+    """Why the prefill pool's queue costs the TTFT target (the TTFT seen, the prompts queued on
+    its replicas beyond one each), or None while the target is met or no prompt queues."""
+    if ttft_s is None or ttft_s <= target_s or queued is None or queued < 1:
         return None
-    return f"TTFT {ttft_s * 1e3:.0f} ms over {target_s * 1e3:.0f} ms, {waiting:.0f} waiting"
+    return f"TTFT {ttft_s * 1e3:.0f} ms over {target_s * 1e3:.0f} ms, {queued:.0f} queued"
 
 
 def decode_at_capacity(kv_usage: float | None, waiting: float | None) -> str | None:

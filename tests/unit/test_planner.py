@@ -182,17 +182,17 @@ def test_a_prefill_pool_whose_queue_misses_ttft_grows_whatever_the_profile_predi
     assert blind.prefill == 1 and "prefill 1 -> 1 (hold: 1 wanted)" in blind.reason, blind.reason
     assert "corrections prefill 4.00 (capped from" in blind.reason, blind.reason
 
-    queued = Observation(**overloaded, prefill_waiting=6.0)
+    queued = Observation(**overloaded, prefill_queued=6.0)
     grown = planner.step(queued, (1, 1))
     assert grown.prefill == 2, grown.reason
-    assert "prefill 1 -> 2 (up: 2 wanted; at capacity: TTFT 9000 ms over 500 ms, 6 waiting)" in (
+    assert "prefill 1 -> 2 (up: 2 wanted; at capacity: TTFT 9000 ms over 500 ms, 6 queued)" in (
         grown.reason
     )
     held = planner.step(queued, (2, 1))  # at its bound: holds, and says why it would grow
     assert held.prefill == 2 and "bounded from 3); at capacity: TTFT" in held.reason, held.reason
-    # The target met with prompts waiting, or missed with none waiting (each prefill too slow
-    # on its own): no replica more.
-    met = Observation(**{**overloaded, "ttft_s": 0.4}, prefill_waiting=6.0)
+    # The target met with prompts queued, or missed with none queued (each prefill too slow on
+    # its own): no replica more.
+    met = Observation(**{**overloaded, "ttft_s": 0.4}, prefill_queued=6.0)
     assert "at capacity" not in planner.step(met, (1, 1)).reason
-    alone = Observation(**overloaded, prefill_waiting=0.5)
+    alone = Observation(**overloaded, prefill_queued=0.5)
     assert "at capacity" not in planner.step(alone, (1, 1)).reason

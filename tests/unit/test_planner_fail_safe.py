@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
 from pdserve.cluster.planner import cluster_planner
@@ -33,6 +32,7 @@ from pdserve.cluster.planner.prometheus_source import (
 from pdserve.cluster.prometheus import PrometheusAPI, PrometheusServer, local_url
 from pdserve.cluster.serve import free_port
 from pdserve.serving.config import ClusterConfig, pool_deployment
+from pdserve.tests.scraped import Exporter, scraping
 
 MODEL = "m"
 STAMPED = "stamped"  # exported with timestamps of its own (LiveSeries)
@@ -213,41 +213,16 @@ class LiveSeries:
         yield pools
 
 
-class Exporter:
-    """``LiveSeries`` on a port of its own, stopped and started again as a node is."""
-
-    def __init__(self) -> None:
-        self.port, self.series = free_port(), LiveSeries()
-        self.registry = CollectorRegistry()
-        self.registry.register(self.series)
-        self._server = None
-        self.start()
-
-    def start(self) -> None:
-        self._server, _ = start_http_server(self.port, "127.0.0.1", self.registry)
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @pytest.fixture(scope="module")
 def exporter() -> Iterator[Exporter]:
-    exporter = Exporter()
+    exporter = Exporter(LiveSeries())
     yield exporter
     exporter.stop()
 
 
 @pytest.fixture(scope="module")
 def prometheus(exporter: Exporter, tmp_path_factory) -> Iterator[PrometheusServer]:
-    path = tmp_path_factory.mktemp("prometheus") / "prometheus.yml"
-    path.write_text(
-        f"global: {{scrape_interval: {SCRAPE_S:.0f}s, evaluation_interval: {SCRAPE_S:.0f}s}}\n"
-        "scrape_configs:\n"
-        "  - job_name: pdserve\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{exporter.port}']}}]\n"
-    )
-    server = PrometheusServer(free_port(), path)
+    server = scraping(exporter, SCRAPE_S, tmp_path_factory.mktemp("prometheus"))
     try:
         api, deadline = PrometheusAPI(server.url), time.monotonic() + WAIT_S
         while (MODEL,) not in api.sample_ages(ROUTER_SERIES, ("model_name",)):
@@ -331,7 +306,7 @@ def test_samples_older_than_the_window_hold(config, exporter, prometheus, caplog
     )
     planner, scaler, metrics = _planner(config, PrometheusSource(prometheus.url))
     _plan_until(planner, metrics, healthy=True, model=STAMPED)
-    exporter.series.frozen_at = time.time()  # the target answers on, with this sample
+    exporter.collector.frozen_at = time.time()  # the target answers on, with this sample
     try:
         assert _plan_until(planner, metrics, healthy=False, model=STAMPED) < WAIT_S
         held, scaled = planner.current[STAMPED], list(scaler.calls)
@@ -339,7 +314,7 @@ def test_samples_older_than_the_window_hold(config, exporter, prometheus, caplog
             planner.plan()
         assert scaler.calls == scaled and planner.current[STAMPED] == held
     finally:
-        exporter.series.frozen_at = None
+        exporter.collector.frozen_at = None
     (warning,) = _lines(caplog, logging.WARNING)
     assert f"over the {SHORT_WINDOW_S:.0f} s window (stale)" in warning
     _plan_until(planner, metrics, healthy=True, model=STAMPED)
