@@ -37,7 +37,9 @@ def model_planner(served: ServedModel, planner: PlannerConfig) -> ModelPlanner:
     profile = Profile.load(planner.profile)
     targets = Targets(served.sla.ttft_ms / 1000, served.sla.itl_ms / 1000)
     prefill = _policy(served.prefill, planner) if served.disaggregated else None
-    return ModelPlanner(served.name, profile, targets, prefill, _policy(served.decode, planner))
+    decode = _policy(served.decode, planner)
+    max_batch = served.engine_config().max_num_seqs
+    return ModelPlanner(served.name, profile, targets, prefill, decode, max_batch)
 
 
 class ClusterPlanner:

@@ -53,12 +53,14 @@ class ModelPlanner:
         targets: Targets,
         prefill: PoolPolicy | None,  # None: the model is served aggregated
         decode: PoolPolicy,
+        max_batch: int,  # the most requests a decode replica runs at once (max_num_seqs)
     ) -> None:
         self.name = name
         self.profile = profile
         self.targets = targets
         self.prefill = prefill
         self.decode = decode
+        self.max_batch = max_batch
         self.rate = HoltPredictor()
         self.isl = HoltPredictor(beta=0.0)
         self.osl = HoltPredictor(beta=0.0)
@@ -78,7 +80,12 @@ class ModelPlanner:
         else:
             load = Load(self.rate.forecast() or 0.0, isl, osl)
         need = replicas_needed(
-            self.profile, load, self.targets, self.corrections, self.prefill is not None
+            self.profile,
+            load,
+            self.targets,
+            self.corrections,
+            self.prefill is not None,
+            self.max_batch,
         )
         prefill, why_prefill = 0, "none"
         if self.prefill is not None:

@@ -11,8 +11,9 @@ The pool gets the smallest ``n`` with ``TTFT(n) <= ttft target``.
 
 **Decode** (Little's law): requests stay ``osl`` steps, so ``rate * osl * t`` of them decode at
 once when a step takes ``t``. A replica may run up to ``B``, the largest batch whose step
-``t(B) = c_d * profile.decode_step_seconds(B, isl + osl / 2)`` meets the ITL target; the pool gets
-``ceil(rate * osl * t(B) / B)`` replicas.
+``t(B) = c_d * profile.decode_step_seconds(B, isl + osl / 2)`` meets the ITL target, and no more
+than its engine runs at once (``max_num_seqs``); the pool gets ``ceil(rate * osl * t(B) / B)``
+replicas.
 
 An aggregated model's decode replicas prefill too: they get both counts added.
 
@@ -80,19 +81,25 @@ def prefill_replicas(profile: Profile, load: Load, targets: Targets, correction:
     return n
 
 
-def decode_batch(profile: Profile, context: float, itl_s: float, correction: float) -> int:
-    """The largest batch whose corrected step time meets ``itl_s`` (at least 1)."""
-    batch, largest = 1, max(profile.batches) * 4  # beyond 4x the profile is guesswork
+def decode_batch(
+    profile: Profile, context: float, itl_s: float, correction: float, max_batch: int
+) -> int:
+    """The largest batch whose corrected step time meets ``itl_s`` (at least 1), no larger than
+    ``max_batch``, the most requests a replica's engine runs at once (its ``max_num_seqs``)."""
+    largest = min(max_batch, max(profile.batches) * 4)  # beyond 4x the profile is guesswork
+    batch = 1
     while batch < largest and correction * profile.decode_step_seconds(batch + 1, context) <= itl_s:
         batch += 1
     return batch
 
 
-def decode_replicas(profile: Profile, load: Load, targets: Targets, correction: float) -> int:
+def decode_replicas(
+    profile: Profile, load: Load, targets: Targets, correction: float, max_batch: int
+) -> int:
     if load.rate <= 0:
         return 0
     context = load.isl + load.osl / 2
-    batch = decode_batch(profile, context, targets.itl_s, correction)
+    batch = decode_batch(profile, context, targets.itl_s, correction, max_batch)
     step = correction * profile.decode_step_seconds(batch, context)
     return max(1, math.ceil(load.rate * load.osl * step / batch))
 
@@ -103,9 +110,10 @@ def replicas_needed(
     targets: Targets,
     corrections: tuple[float, float],
     disaggregated: bool,
+    max_batch: int,
 ) -> Need:
     prefill = prefill_replicas(profile, load, targets, corrections[0])
-    decode = decode_replicas(profile, load, targets, corrections[1])
+    decode = decode_replicas(profile, load, targets, corrections[1], max_batch)
     if not disaggregated:
         return Need(0, prefill + decode)
     return Need(prefill, decode)

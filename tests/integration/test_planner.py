@@ -2,13 +2,18 @@
 a rising load grows both pools, the end of it shrinks them back, and every stream meanwhile
 completes with the offline engine's tokens.
 
-The model is profiled for real (``pdserve profile``, a small grid), and the profile sets the load
-and the targets, so that a fast CPU is loaded as much as a slow one: the calm phase fills a tenth of
-one prefill replica's time, the loaded phase 85% of it (512-token prompts, 64 tokens out), where
-the targets (TTFT 1.5 prompts' prefill, ITL twice a lone request's step) want a second replica of
-either pool; each pool may have 1 to 3.
+The model is profiled for real (``pdserve profile``, a small grid), and the profile sets the load,
+the targets and the decode replicas' room, so that a fast CPU is loaded as much as a slow one: the
+calm phase fills a tenth of one prefill replica's time, the loaded phase 85% of it (512-token
+prompts, 64 tokens out), where the TTFT target (1.5 prompts' prefill) wants a second prefill
+replica, and a decode replica runs at most three quarters of the requests the loaded phase keeps
+decoding at a lone request's step (``max_num_seqs``), so the decode pool wants a second one too;
+each pool may have 1 to 3. (A decode step's time grows little with its batch on a CPU with wide
+vectors: there, a decode replica without that bound would meet the ITL target at any load a prefill
+replica can feed.)
 """
 
+import math
 import re
 import shutil
 import threading
@@ -44,9 +49,10 @@ INTERVAL_S = 5.0
 PROMPT_LEN, MAX_TOKENS = 512, 64
 # (share of one prefill replica's time, seconds): two intervals calm, three loaded.
 RAMP = [(0.1, 10.0), (0.85, 15.0)]
-# One replica at 85% queues a prompt for 2.8 prefills' time (M/D/1) and decodes ~54 requests per
-# prompt's prefill time: both targets missed, on any CPU; two replicas meet the TTFT target.
+# One prefill replica at 85% queues a prompt for 2.8 prefills' time (M/D/1): the TTFT target
+# missed, on any CPU; two replicas meet it.
 TTFT_PREFILLS, ITL_STEPS = 1.5, 2.0
+DECODE_ROOM = 0.75  # a decode replica's max_num_seqs, over the loaded phase's decode batch
 SHRINK_TIMEOUT_S = 150.0
 DECISIONS_AFTER_RAMP = 4  # intervals to wait, after the ramp, for the decisions it is judged by
 WATCH_S = 0.5
@@ -68,6 +74,7 @@ class Load:
     ramp: list[tuple[float, float]]  # (requests/s, seconds)
     ttft_ms: float
     itl_ms: float
+    max_num_seqs: int  # a replica's room
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +83,12 @@ def load(profile: Path) -> Load:
     prefill_s = measured.prefill_seconds(PROMPT_LEN)
     step_s = measured.decode_step_seconds(1, PROMPT_LEN + MAX_TOKENS / 2)
     ramp = [(share / prefill_s, seconds) for share, seconds in RAMP]
+    batch = ramp[-1][0] * MAX_TOKENS * step_s  # Little's law, at a lone request's step
     return Load(
         ramp=ramp,
         ttft_ms=TTFT_PREFILLS * prefill_s * 1e3,
         itl_ms=ITL_STEPS * step_s * 1e3,
+        max_num_seqs=math.ceil(DECODE_ROOM * batch),
     )
 
 
@@ -91,7 +100,7 @@ def cluster(ray_cluster, tiny_model_dir: Path, profile: Path, load: Load, tmp_pa
     model = {
         "name": MODEL,
         "path": str(tiny_model_dir),
-        "engine": {"num_kv_blocks": 2048},
+        "engine": {"num_kv_blocks": 2048, "max_num_seqs": load.max_num_seqs},
         "prefill": pool,
         "decode": pool,
         "routing": {"local_prefill_max_tokens": 64},

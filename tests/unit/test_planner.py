@@ -19,6 +19,7 @@ from pdserve.cluster.planner.sizing import (
     ratio,
     replicas_needed,
 )
+from pdserve.engine.config import DEFAULT_MAX_NUM_SEQS as MAX_BATCH
 
 TARGETS = Targets(ttft_s=0.5, itl_s=0.05)
 
@@ -71,25 +72,29 @@ def test_sizing_by_hand(profile: Profile) -> None:
     light = Load(rate=10.0, isl=100, osl=50)
     assert predicted_ttft(profile, light, 2) == pytest.approx(0.15)
     # Decode at context 125: the step is 6.25 ms + 1 ms per request, under 50 ms up to 43.
-    assert decode_batch(profile, 125, TARGETS.itl_s, 1.0) == 43
-    assert replicas_needed(profile, light, TARGETS, (1.0, 1.0), True) == (2, 1)
+    assert decode_batch(profile, 125, TARGETS.itl_s, 1.0, MAX_BATCH) == 43
+    assert replicas_needed(profile, light, TARGETS, (1.0, 1.0), True, MAX_BATCH) == (2, 1)
     # 100 req/s: 11 prefill replicas are 91% busy (TTFT 0.6 s), 12 are 83% (0.35 s); decode
     # needs 100 * 50 * 49.25 ms / 43 = 5.7 replicas.
     heavy = Load(rate=100.0, isl=100, osl=50)
     assert predicted_ttft(profile, heavy, 11) == pytest.approx(0.6)
-    assert replicas_needed(profile, heavy, TARGETS, (1.0, 1.0), True) == (12, 6)
+    assert replicas_needed(profile, heavy, TARGETS, (1.0, 1.0), True, MAX_BATCH) == (12, 6)
     # Aggregated: the decode replicas prefill too.
-    assert replicas_needed(profile, heavy, TARGETS, (1.0, 1.0), False) == (0, 18)
-    assert replicas_needed(profile, Load(0.0, 100, 50), TARGETS, (1.0, 1.0), True) == (0, 0)
+    assert replicas_needed(profile, heavy, TARGETS, (1.0, 1.0), False, MAX_BATCH) == (0, 18)
+    idle = Load(0.0, 100, 50)
+    assert replicas_needed(profile, idle, TARGETS, (1.0, 1.0), True, MAX_BATCH) == (0, 0)
+    # An engine that runs at most 16 requests at once: 100 * 50 * 22.25 ms / 16 = 6.95 replicas.
+    assert decode_batch(profile, 125, TARGETS.itl_s, 1.0, 16) == 16
+    assert replicas_needed(profile, heavy, TARGETS, (1.0, 1.0), True, 16) == (12, 7)
 
 
 def test_corrections_scale_the_profile(profile: Profile) -> None:
     heavy = Load(rate=100.0, isl=100, osl=50)
-    slow = replicas_needed(profile, heavy, TARGETS, (2.0, 2.0), True)
+    slow = replicas_needed(profile, heavy, TARGETS, (2.0, 2.0), True, MAX_BATCH)
     # Prefill s = 0.2 s: 22 replicas are 91% busy (0.4 s wait); 24 are 83% (TTFT 0.3 s + ...).
     assert slow.prefill > 20
     # Decode steps twice as long: the batch that meets 50 ms is 18 (2 * 24.25 ms = 48.5 ms).
-    assert decode_batch(profile, 125, TARGETS.itl_s, 2.0) == 18
+    assert decode_batch(profile, 125, TARGETS.itl_s, 2.0, MAX_BATCH) == 18
     assert slow.decode == math.ceil(100 * 50 * 2 * _step(18, 125) / 18)
     assert ratio(0.3, 0.15) == 2.0 and bounded(2.0) == 2.0
     assert ratio(10.0, 0.1) == 100.0 and bounded(100.0) == 4.0 and bounded(0.01) == 0.25
@@ -119,7 +124,12 @@ def _observe(rate: float, ttft: float = 0.15, itl: float = 0.01) -> Observation:
 
 def test_the_planner_co_scales_both_pools_up_then_back(profile: Profile) -> None:
     planner = ModelPlanner(
-        "tiny", profile, TARGETS, PoolPolicy(1, 3), PoolPolicy(1, 3, scale_down_intervals=2)
+        "tiny",
+        profile,
+        TARGETS,
+        PoolPolicy(1, 3),
+        PoolPolicy(1, 3, scale_down_intervals=2),
+        MAX_BATCH,
     )
     current = (1, 1)
     history = []
@@ -137,7 +147,7 @@ def test_the_planner_co_scales_both_pools_up_then_back(profile: Profile) -> None
 
 
 def test_the_planner_learns_its_corrections(profile: Profile) -> None:
-    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 8), PoolPolicy(1, 8))
+    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 8), PoolPolicy(1, 8), MAX_BATCH)
     # At 10 req/s on 2 prefill replicas the profile predicts TTFT 0.15 s; 0.3 s is observed.
     # A decode step of 4 requests at context 125 is 10.25 ms; 20.5 ms is observed.
     planner.step(Observation(10.0, 100, 50, 0.3, 0.0205, 4.0), (2, 1))
@@ -152,7 +162,7 @@ def test_a_decode_pool_at_capacity_grows_whatever_the_profile_predicts(profile: 
     # predicts one replica enough: a 6-request batch meets 50 ms, and 1 req/s of 50 tokens keeps
     # 41% of one such replica busy.
     overloaded = dict(rate=1.0, isl=100, osl=50, ttft_s=0.15, itl_s=0.932, decode_batch=4.0)
-    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 3), PoolPolicy(1, 2))
+    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 3), PoolPolicy(1, 2), MAX_BATCH)
     blind = planner.step(Observation(**overloaded), (1, 1))
     assert blind.decode == 1 and "decode 1 -> 1 (hold: 1 wanted)" in blind.reason
     # The correction is capped, and the line says from what: 0.932 s over a 10.25 ms step.
@@ -177,7 +187,7 @@ def test_a_prefill_pool_whose_queue_misses_ttft_grows_whatever_the_profile_predi
     # The overload of issue 26's CI run: TTFT ~100x what the profile predicts for the load seen,
     # the correction capped at 4, by which one prefill replica still meets the 0.5 s target.
     overloaded = dict(rate=0.5, isl=100, osl=50, ttft_s=9.0, itl_s=0.01, decode_batch=4.0)
-    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 2), PoolPolicy(1, 3))
+    planner = ModelPlanner("tiny", profile, TARGETS, PoolPolicy(1, 2), PoolPolicy(1, 3), MAX_BATCH)
     blind = planner.step(Observation(**overloaded), (1, 1))
     assert blind.prefill == 1 and "prefill 1 -> 1 (hold: 1 wanted)" in blind.reason, blind.reason
     assert "corrections prefill 4.00 (capped from" in blind.reason, blind.reason
