@@ -100,7 +100,10 @@ def build_app(args: dict[str, Any]) -> Application:
             name="planner",
             graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
             logging_config=SERVE_LOGGING_CONFIG,
-            ray_actor_options={"num_cpus": PLANNER_NUM_CPUS},
+            ray_actor_options={
+                "num_cpus": PLANNER_NUM_CPUS,
+                "resources": dict(config.planner.resources),
+            },
         ).bind(config.model_dump(exclude={"api_keys"}))
     router = serve.deployment(
         APIIngress,

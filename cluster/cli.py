@@ -28,6 +28,10 @@ SUBCOMMANDS = {
         "pdserve.cluster.gateway_cli",
         "HAProxy in front of a running cluster's router replicas, until Ctrl-C",
     ),
+    "prometheus": (
+        "pdserve.cluster.prometheus_cli",
+        "the Prometheus the planner reads, on a running cluster's head, until Ctrl-C",
+    ),
     "build-kernels": (
         "pdserve.cluster.build_kernels",
         "compile the native CPU kernels for this CPU",

@@ -15,7 +15,6 @@ mode: when the router's replicas change (Serve's controller lists their ports, c
 finish their streams. gRPC stays on Serve's proxy.
 """
 
-import ctypes
 import json
 import resource
 import shutil
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 
+from pdserve.cluster.child_process import die_with_parent
 from pdserve.cluster.ports import ANY_HOST, LOOPBACK
 from pdserve.cluster.readiness import end, wait_ready
 from pdserve.router.api.chat import CHAT
@@ -65,9 +65,6 @@ STOP_TIMEOUT_S = 10.0
 HARD_STOP_AFTER_S = 600
 
 Server = tuple[str, int]  # (ip, port)
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies (Linux)
-# Loaded before any fork: the child only calls it.
-_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def replica_bound(config: ClusterConfig) -> int:
@@ -202,14 +199,6 @@ def ingress_servers(app: str) -> list[Server]:
     return sorted((LOOPBACK if ip == here else ip, port) for ip, port in targets)
 
 
-def _die_with_parent() -> None:
-    """In HAProxy's process, before it starts: the kernel stops it (SIGTERM, which its master
-    passes to its workers) when the process that started it dies, however that one ends (a
-    Ray driver whose cluster went away may be killed outright), so no HAProxy outlives its
-    gateway."""
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _open_files_to_the_limit() -> None:
     """HAProxy holds two files per connection, and sizes its connections to the file limit it
     inherits: a soft limit of 1,024, common, would hold 500. This process raises its own to the
@@ -248,7 +237,7 @@ class Gateway:
             command,
             stdout=self._log if self._access is None else self._access,
             stderr=self._log,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="gateway", daemon=True)

@@ -5,32 +5,26 @@ where the router's replicas run, on the port clients use, with Serve's HTTP prox
 
 It joins the cluster at ``--address``, waits for the pdserve app's router to answer, and holds each
 router replica to the requests that replica bounds itself to (its models'
-``max_concurrent_requests``, summed) until Ctrl-C, or until the cluster's GCS stops taking
-connections (``ray stop``, ``ray down``), so that it leaves no process behind it.
+``max_concurrent_requests``, summed) as long as the cluster lives (``head_process.py``).
 """
 
 import argparse
 import functools
-import signal
-import socket
 import threading
 import time
 from pathlib import Path
 
-import ray
 from ray.serve.exceptions import RayServeException
 
 from pdserve.cluster.gateway import Gateway, ingress_servers
+from pdserve.cluster.head_process import joined, until_stopped
 from pdserve.cluster.ports import ANY_HOST
-from pdserve.cluster.ray_driver import init_ray
 from pdserve.cluster.replicas import each_answer
 from pdserve.cluster.serve import APP_NAME
 from pdserve.serving.config import DEFAULT_HTTP_PORT, ROUTER_DEPLOYMENT
 
 WAIT_LOG_S = 30.0  # how often it says it is still waiting for the router
 POLL_S = 1.0
-GCS_CHECK_S = 2.0  # how often it checks that the cluster is still there
-GCS_MISSES = 3  # checks in a row the GCS refused before the gateway stops
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,30 +53,8 @@ def router_bound(stopping: threading.Event) -> int | None:
     return None
 
 
-def gcs_answers(address: str) -> bool:
-    """Whether the GCS at ``address`` (host:port) takes a connection."""
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=GCS_CHECK_S):
-            return True
-    except OSError:
-        return False
-
-
-def until_stopped(stopping: threading.Event, gcs: str) -> None:
-    """Returns on Ctrl-C, or once the GCS has refused ``GCS_MISSES`` checks in a row."""
-    misses = 0
-    while misses < GCS_MISSES and not stopping.wait(GCS_CHECK_S):
-        misses = 0 if gcs_answers(gcs) else misses + 1
-    if misses >= GCS_MISSES:
-        print(f"pdserve gateway: the cluster's GCS at {gcs} is gone; stopping", flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
-    stopping = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    init_ray(address=args.address, log_to_driver=False)
+    stopping = joined(args.address)
     per_replica = router_bound(stopping)
     if per_replica is None:
         return 0
@@ -95,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         print("  Ctrl-C stops the gateway", flush=True)
-        until_stopped(stopping, ray.get_runtime_context().gcs_address)
+        until_stopped(stopping, "pdserve gateway")
     finally:
         gateway.stop()
     return 0

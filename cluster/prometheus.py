@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from pdserve.cluster.child_process import die_with_parent
 from pdserve.cluster.readiness import end, wait_ready
 from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
 
@@ -68,6 +69,7 @@ class PrometheusServer:
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
         )
         try:
             wait_ready(

@@ -163,6 +163,9 @@ class PlannerConfig(_Strict):
     profile: str | None = None  # `pdserve profile`'s JSON; needed when enabled
     max_step: int = Field(1, ge=1)  # most replicas a pool gains or loses per interval
     scale_down_intervals: int = Field(2, ge=1)  # intervals in a row wanting fewer, then down
+    # Custom Ray resources the planner's replica needs, e.g. {"router_node": 0.01} where only the
+    # head offers it: the planner beside the Prometheus on the head's loopback. Empty: any node.
+    resources: dict[str, float] = {}
 
     @field_validator("profile")
     @classmethod

@@ -7,6 +7,10 @@ head by `ray exec` (`python head_driver.py VIEW ARG...`), it prints one JSON lin
   decode replica as the router's placement sees it.
 - ``scale DEPLOYMENT REPLICAS``: Serve's target for the app's DEPLOYMENT set as the planner sets
   it (``set_target_replicas``); the deployment and the target.
+- ``planner``: the planner's decisions, a log line each, oldest first.
+- ``scraped HOSTS TIMEOUT_S``: once the Prometheus on the head's loopback (``pdserve
+  prometheus``) scrapes targets of Ray's (metrics agents, the head's dashboard and autoscaler) on
+  HOSTS hosts (or after TIMEOUT_S), each target's ``up``.
 """
 
 import json
@@ -61,10 +65,40 @@ def scale(deployment: str, replicas: int) -> dict[str, Any]:
     return {"deployment": deployment, "replicas": replicas}
 
 
+def planner() -> list[str]:
+    from ray import serve
+
+    from pdserve.cluster.serve import APP_NAME
+
+    return serve.get_app_handle(APP_NAME).planner_history.remote().result()
+
+
+def scraped(hosts: int, timeout_s: float) -> dict[str, float]:
+    from pdserve.cluster.prometheus import PrometheusAPI, local_url
+    from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
+
+    api, up = PrometheusAPI(local_url(DEFAULT_PROMETHEUS_PORT)), {}
+    deadline = time.monotonic() + timeout_s
+    while len(up_hosts(up)) < hosts and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        try:
+            up = api.by_label('up{job="ray"}', "instance")
+        except OSError:  # not up yet
+            continue
+    return up
+
+
+def up_hosts(up: dict[str, float]) -> set[str]:
+    """The hosts of the targets (``host:port``) whose ``up`` is 1."""
+    return {target.rsplit(":", 1)[0] for target, value in up.items() if value == 1}
+
+
 VIEWS = {
     "app": lambda name, timeout_s: app(name, float(timeout_s)),
     "kv": kv,
     "scale": lambda deployment, replicas: scale(deployment, int(replicas)),
+    "planner": planner,
+    "scraped": lambda hosts, timeout_s: scraped(int(hosts), float(timeout_s)),
 }
 
 if __name__ == "__main__":

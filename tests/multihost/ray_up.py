@@ -134,18 +134,24 @@ def autoscaling_config(
 
 
 def serve_config(
-    model: dict[str, Any], pools: dict[str, dict[str, Any]], env: dict[str, str]
+    model: dict[str, Any],
+    pools: dict[str, dict[str, Any]],
+    env: dict[str, str],
+    planner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """deploy/serve-cluster.yaml with ``model``'s keys set in its model, each pool as the file
-    has it but for ``pools[role]``, the planner off (it needs a Prometheus) and ``env`` in every
-    replica's environment."""
+    has it but for ``pools[role]``, ``env`` in every replica's environment, and the planner off,
+    or with ``planner``'s keys set in it."""
     config = yaml.safe_load(SERVE_CLUSTER.read_text())
     (app,) = config["applications"]
     (served,) = app["args"]["models"]
     served.update(model)
     for role, overrides in pools.items():
         served[role].update(overrides)
-    del app["args"]["planner"]
+    if planner is None:
+        del app["args"]["planner"]
+    else:
+        app["args"]["planner"].update(planner)
     app["runtime_env"] = {"env_vars": env}
     return config
 

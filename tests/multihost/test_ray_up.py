@@ -1,5 +1,6 @@
 """`ray up deploy/cluster-local.yaml` onto the four test hosts, over SSH: the head on host1, the
-head's autoscaler starting workers on host2 (prefill only), host3 and host4 (decode only); Serve
+head's autoscaler starting workers on host2 (prefill only), host3 and host4 (decode only); the
+Prometheus `ray up` started on the head (`pdserve prometheus`) scrapes every host; Serve
 deploys deploy/serve-cluster.yaml from the head; greedy tokens through the openai SDK, from this
 machine to the gateway `ray up` started on the head (`pdserve gateway`, :8000), equal the offline
 engine's, every prompt prefilled on host2 and
@@ -36,6 +37,7 @@ from pdserve.router.dispatch.placement import STALE_S
 from pdserve.serving.config import DEFAULT_HTTP_PORT
 from pdserve.tests.e2e.serve_replicas import offline_greedy, random_prompts
 from pdserve.tests.e2e.streams import WAIT_S, http_stream, wait
+from pdserve.tests.multihost.head_driver import up_hosts
 from pdserve.tests.multihost.hosts import CHECKOUT, SKEWED_HOST, Host
 from pdserve.tests.multihost.ray_up import (
     RAY,
@@ -218,6 +220,14 @@ def test_ray_up_starts_the_head_and_its_autoscaler_the_workers(deployed: Launche
 
 
 @pytest.mark.timeout(120)
+def test_the_heads_prometheus_scrapes_every_host(deployed: Launched) -> None:
+    """`pdserve prometheus`, which the head's start commands start, finds every node's metrics
+    agent through the service-discovery file the head's dashboard writes."""
+    hosts = {host.address for host in deployed.hosts}
+    up = deployed.view("scraped", len(hosts), APP_TIMEOUT_S)
+    assert up_hosts(up) == hosts, up
+
+
 def test_each_pool_runs_on_its_hosts_and_the_router_on_the_head(deployed: Launched) -> None:
     hosts = deployed.hosts
     placed = {pool: replica_hosts(hosts, pool) for pool in POOL_RESOURCES}

@@ -41,9 +41,16 @@ def test_the_aws_cluster_has_a_node_type_per_pool_resource() -> None:
     assert pools["decode"]["resources"] == {"decode_node": 1}
 
 
-def test_the_routers_ask_for_what_only_the_head_offers() -> None:
-    router = _load("serve-cluster.yaml")["applications"][0]["args"]["router"]
-    assert set(router["resources"]) == {"router_node"}
+def test_the_routers_and_the_planner_ask_for_what_only_the_head_offers() -> None:
+    args = _load("serve-cluster.yaml")["applications"][0]["args"]
+    assert set(args["router"]["resources"]) == {"router_node"}
+    # The planner reads the Prometheus on the head's loopback, which the head's start commands
+    # start (`pdserve prometheus`), beside the gateway.
+    assert set(args["planner"]["resources"]) == {"router_node"}
+    assert args["planner"]["prometheus_url"] == "http://127.0.0.1:9090"
+    for name in RAY_UP:
+        head = " ".join(_load(name)["head_start_ray_commands"])
+        assert "pdserve prometheus" in head and "pdserve gateway" in head, name
     types = validate_ray_up_config(_load("cluster.yaml"))["available_node_types"]
     assert [name for name, spec in types.items() if "router_node" in spec["resources"]] == ["head"]
     local = _load("cluster-local.yaml")
