@@ -2,6 +2,7 @@
 check (defaults filled as ``ray up`` fills them), Serve configs ``ServeDeploySchema`` (the
 RayService's embedded one too), and each application's ``args`` pdserve's ``ClusterConfig``."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,29 @@ def test_the_rayservice_serve_config_validates() -> None:
     assert service["kind"] == "RayService"
     assert service["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
     _check_serve(yaml.safe_load(service["spec"]["serveConfigV2"]))
+
+
+def test_the_podmonitor_scrapes_every_ray_pods_metrics_port() -> None:
+    """deploy/kuberay/podmonitor.yaml selects the pods by the label KubeRay puts on every Ray pod,
+    on a port every one of the RayService's pod templates names, the one Ray exports on."""
+    monitor = _load("kuberay/podmonitor.yaml")
+    assert monitor["kind"] == "PodMonitor"
+    assert monitor["spec"]["selector"]["matchLabels"] == {"ray.io/is-ray-node": "yes"}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    cluster = _load("kuberay/rayservice.yaml")["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        (container,) = group["template"]["spec"]["containers"]
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        assert ports[endpoint["port"]] == int(group["rayStartParams"]["metrics-export-port"])
+
+
+def test_the_image_installs_the_lock_with_the_makefiles_uv() -> None:
+    dockerfile = (DEPLOY / "kuberay" / "Dockerfile").read_text()
+    makefile = (DEPLOY.parent / "Makefile").read_text()
+    (uv,) = re.findall(r"^UV_VERSION \?= (\S+)$", makefile, re.MULTILINE)
+    assert f"uv=={uv}" in dockerfile
+    assert "--require-hashes" in dockerfile and "-r requirements.lock" in dockerfile
 
 
 def test_the_checks_refuse_a_misspelled_key() -> None:
