@@ -260,6 +260,15 @@ def test_kv_crossed_hosts_over_nixl_on_ucx_tcp(deployed: Launched) -> None:
     assert sum(d["kv_num_transfers"] for d in decode) >= len(PROMPT_LENGTHS)
     assert sum(d["kv_bytes_moved"] for d in decode) > 0
     assert all(d["kv_transfer_failures"] == d["kv_num_failures"] == 0 for d in decode), decode
+    moved, seconds = (
+        sum(d[key] for d in decode) for key in ("kv_bytes_moved", "kv_transfer_seconds")
+    )
+    transfers = sum(d["kv_num_transfers"] for d in decode)
+    # The pulls across hosts as the decode hosts timed them (docs/benchmarks.md, "Many hosts").
+    print(
+        f"\nKV across hosts: {transfers} pulls, {moved / transfers / 1024:.0f} KiB each, "
+        f"{seconds / transfers * 1e3:.1f} ms each, {moved / seconds / 1e6:.1f} MB/s"
+    )
     tables = [t for i in POOL_HOSTS["decode"] for t in ucx_read_tables(deployed.hosts[i - 1])]
     assert tables, "no READ protocol in UCX's report"
     for title, transports in tables:  # the peer on another node, reached over TCP on eth0
