@@ -66,7 +66,7 @@ PLANNER = {"interval_s": 5.0}
 
 
 @pytest.fixture(scope="module")
-def model_dir(hosts: list[Host], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_dir(hosts: list[Host]) -> Path:
     """The tiny model, where every host sees it (not under /tmp, which each host has its own of),
     and the planner's profile of it beside it."""
     folder = make_model(MODEL, hosts[0].dir.parent / "models" / "tiny-autoscaling")
