@@ -1,12 +1,10 @@
-"""What tests/multihost/test_ray_up.py reads from inside a cluster that `ray up` made: run on its
+"""What the multihost tests read from inside a cluster that `ray up` made: run on its
 head by `ray exec` (`python head_driver.py VIEW ARG...`), it prints one JSON line.
 
 - ``app NAME TIMEOUT_S``: once Serve's application NAME runs (or has failed), its status and
   each live node's address and resources.
 - ``kv MODEL``: the router's route decisions for MODEL, each decode replica's stats, and each
   decode replica as the router's placement sees it.
-- ``scale DEPLOYMENT REPLICAS``: Serve's target for the app's DEPLOYMENT set as the planner sets
-  it (``set_target_replicas``); the deployment and the target.
 - ``planner``: the planner's decisions, a log line each, oldest first.
 - ``scraped HOSTS TIMEOUT_S``: once the Prometheus on the head's loopback (``pdserve
   prometheus``) scrapes targets of Ray's (metrics agents, the head's dashboard and autoscaler) on
@@ -21,7 +19,6 @@ from typing import Any
 import ray
 
 POLL_S = 1.0
-SCALE_TIMEOUT_S = 60.0
 
 
 def app(name: str, timeout_s: float) -> dict[str, Any]:
@@ -57,14 +54,6 @@ def kv(model: str) -> dict[str, Any]:
     return {"routes": routes, "decode": decode, "placements": placements}
 
 
-def scale(deployment: str, replicas: int) -> dict[str, Any]:
-    from pdserve.cluster.serve import APP_NAME
-    from pdserve.serving.ray_compat import set_target_replicas
-
-    set_target_replicas(APP_NAME, deployment, replicas, SCALE_TIMEOUT_S)
-    return {"deployment": deployment, "replicas": replicas}
-
-
 def planner() -> list[str]:
     from ray import serve
 
@@ -96,7 +85,6 @@ def up_hosts(up: dict[str, float]) -> set[str]:
 VIEWS = {
     "app": lambda name, timeout_s: app(name, float(timeout_s)),
     "kv": kv,
-    "scale": lambda deployment, replicas: scale(deployment, int(replicas)),
     "planner": planner,
     "scraped": lambda hosts, timeout_s: scraped(int(hosts), float(timeout_s)),
 }
