@@ -98,22 +98,38 @@ def _http_server(
 
 
 @pytest.fixture(scope="session")
-def timing_log() -> TimingLog:
-    """Where the ``http_url`` app logs its requests' timings."""
-    return TimingLog()
-
-
-@pytest.fixture(scope="session")
-def http_url(clients: dict[str, EngineClient], timing_log: TimingLog) -> Iterator[str]:
-    """The base URL (no /v1) of the HTTP app serving ``tiny`` and ``tiny-overloaded``."""
-    with _http_server(clients, timing_log) as url:
+def http_url(clients: dict[str, EngineClient]) -> Iterator[str]:
+    """The base URL (no /v1) of the HTTP app serving ``tiny`` and ``tiny-overloaded``, timing its
+    requests as the router does."""
+    with _http_server(clients, TimingLog()) as url:
         yield url
+
+
+def _sdk(http_url: str) -> openai.OpenAI:
+    """The OpenAI SDK against ``http_url``, retrying nothing."""
+    return openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="session")
 def client(http_url: str) -> Iterator[openai.OpenAI]:
-    """The OpenAI SDK against ``http_url``, retrying nothing."""
-    with openai.OpenAI(base_url=f"{http_url}/v1", api_key="unused", max_retries=0) as sdk:
+    with _sdk(http_url) as sdk:
+        yield sdk
+
+
+@pytest.fixture(scope="module")
+def timing_log() -> TimingLog:
+    """Where ``timed_client``'s server logs its requests' timings."""
+    return TimingLog()
+
+
+@pytest.fixture(scope="module")
+def timed_client(
+    clients: dict[str, EngineClient], timing_log: TimingLog
+) -> Iterator[openai.OpenAI]:
+    """The SDK against a server of its own, logging to ``timing_log``: a request another module
+    left in flight on ``http_url`` (a stream it dropped) would be logged when it ends, at any
+    time after."""
+    with _http_server(clients, timing_log) as url, _sdk(url) as sdk:
         yield sdk
 
 
