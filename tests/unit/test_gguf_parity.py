@@ -52,6 +52,7 @@ def test_config_is_smollm2(smollm2: Path) -> None:
     assert config.tie_word_embeddings
 
 
+@pytest.mark.slow
 def test_it_knows_the_capital_of_france(llm: LLM) -> None:
     (output,) = llm.generate("The capital of France is", SamplingParams(max_tokens=4))
     assert "Paris" in output.text

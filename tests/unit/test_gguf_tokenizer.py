@@ -35,7 +35,8 @@ def tiny_gguf(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return path
 
 
-@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+# SmolLM2's: transformers reads its tokenizer from the GGUF in seconds.
+@pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
 def gguf_path(request: pytest.FixtureRequest, tiny_gguf: Path) -> Path:
     return tiny_gguf if request.param == "tiny" else smollm2_or_skip()
 

@@ -193,6 +193,7 @@ def q8_model_dir(model_dir: Path, tmp_path_factory) -> Path:
     return _save_hf_model(model, model_dir, tmp_path_factory.mktemp(f"{model_dir.name}-q8"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alone", [False, True])
 def test_int8_greedy_tokens_equal_transformers_on_the_same_values(
     q8_model_dir: Path, alone: bool

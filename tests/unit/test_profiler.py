@@ -30,6 +30,7 @@ def test_profile_writes_what_the_planner_reads(
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_grid_points_the_model_cannot_serve_are_skipped(
     tiny_model_dir: Path, tmp_path: Path, torch_threads, capsys: pytest.CaptureFixture[str]
 ) -> None:
