@@ -74,27 +74,31 @@ test-deps:
 		--no-install-recommends openssh-server rsync >/dev/null; } || \
 		echo "openssh-server or rsync is not installed: the multihost tests will skip"
 
-# Two pytest runs side by side: the tests that use Ray (one cluster, in order) and the rest, on two
-# workers (pytest-xdist, one file each at a time), which run in the Ray tests' waits: alone, the
-# Ray run leaves the cores idle about half the time. The Ray run reports as it goes, the other
-# when both are done.
+# Two streams side by side. One: the multihost tests (their Ray clusters on test hosts with a /tmp
+# of their own), then the tests without Ray on two workers (pytest-xdist, one file each at a time).
+# The other: the tests on this machine's Ray, in order (`pdserve serve`'s own clusters, then the
+# session's); it reports as it goes, the first when both are done. Either alone leaves the cores
+# idle about half the time (start-ups, scrapes, planner intervals).
 # Ray starts its workers (the replicas) at niceness 15: beside the other run's busy process, at 0,
 # they got a few percent of a core. Here they start at 0 too. OpenMP's threads sleep when they
 # wait (OMP_WAIT_POLICY=PASSIVE) instead of spinning: with the two runs on two cores, a spinning
 # thread takes the core its partner needs (docs/benchmarks.md, "The test suite on two cores").
 test: export OMP_WAIT_POLICY = PASSIVE
+test: export RAY_worker_niceness = 0
 test: lint test-deps
 	@rest_log=$$(mktemp); start=$$(date +%s); \
-	{ $(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not real_model" --durations=12 \
-		tests; status=$$?; echo "the tests without Ray: $$(($$(date +%s) - start)) s"; \
-		exit $$status; } > $$rest_log 2>&1 & \
+	{ $(PY) -m pytest -q -m "multihost and not node_autoscaling" --durations=6 tests; \
+		hosts_status=$$?; echo "the multihost tests: $$(($$(date +%s) - start)) s"; \
+		$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not real_model" \
+		--durations=12 tests; status=$$?; \
+		echo "the multihost tests, then the tests without Ray: $$(($$(date +%s) - start)) s"; \
+		[ $$hosts_status = 0 ] && [ $$status = 0 ]; } > $$rest_log 2>&1 & \
 	rest=$$!; \
-	RAY_worker_niceness=0 $(PY) -m pytest -q -m "ray and not real_model and not node_autoscaling" \
-		--durations=12 tests; \
+	$(PY) -m pytest -q -m "ray and not multihost and not real_model" --durations=12 tests; \
 	ray_status=$$?; ray_s=$$(($$(date +%s) - start)); \
 	wait $$rest; rest_status=$$?; \
-	echo "--- the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
-	echo "the tests with Ray: $$ray_s s"; \
+	echo "--- the multihost tests, then the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
+	echo "the tests on this machine's Ray: $$ray_s s"; \
 	[ $$ray_status = 0 ] && [ $$rest_status = 0 ]
 
 # The real model's long checks (marker real_model): SmolLM2's parity prompts through a

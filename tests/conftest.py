@@ -80,8 +80,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     Tests that start a Ray cluster of their own (``pdserve serve`` as a user runs it) go first,
     before the session's cluster exists: two clusters at once would share Ray's files in /tmp/ray
-    (Prometheus' service-discovery file among them). The tests of ``shared_app`` come next, so
-    that one deployment serves them all."""
+    (Prometheus' service-discovery file among them). The multihost tests' clusters have a /tmp of
+    their own: ``make test`` runs them beside the session's. The tests of ``shared_app`` come
+    next, so that one deployment serves them all."""
     items.sort(
         key=lambda item: (
             not item.get_closest_marker("own_ray_cluster"),

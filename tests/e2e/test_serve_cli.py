@@ -3,6 +3,7 @@ wheel is missing the built-in tiny model), a streamed chat completion through it
 Prometheus (where the package is installed), Ctrl-C, and no Ray, HAProxy or Prometheus process
 left behind. Free ports stand in for the default ones, which another program may hold."""
 
+import os
 import shutil
 import socket
 import time
@@ -26,10 +27,17 @@ IGNORE_EOS = {"ignore_eos": True}  # the tiny model's random text runs to its le
 
 
 def _daemon_pids() -> set[int]:
+    """Ray's and HAProxy's processes on this host: the multihost tests, which may run meanwhile,
+    start theirs on test hosts, each in a PID namespace of its own."""
+    ours = os.readlink("/proc/self/ns/pid")
     pids = set()
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and (proc / "comm").read_text().strip() in DAEMONS:
+            if (
+                proc.name.isdigit()
+                and (proc / "comm").read_text().strip() in DAEMONS
+                and os.readlink(proc / "ns" / "pid") == ours
+            ):
                 pids.add(int(proc.name))
         except OSError:  # the process ended while we looked
             continue

@@ -19,9 +19,8 @@ from pdserve.tests.multihost.hosts import (
     Host,
 )
 
-# In `make test`'s Ray half, before the session's cluster starts: the hosts' clusters never meet
-# the session's (own network, /tmp, processes), but beside the Ray tests they take the cores those
-# count on (a head's `ray start` timed out so on two cores).
+# In `make test`'s first stream, before the tests without Ray, beside the session's cluster in the
+# other: the hosts' clusters never meet it (own network, /tmp, processes).
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.own_ray_cluster]
 
 OUTSIDE = "1.1.1.1"  # any address off the bridge

@@ -47,7 +47,7 @@ from pdserve.tests.multihost.ray_up import (
     serve_config,
 )
 
-# As test_hosts.py: in the Ray half, before the session's cluster.
+# As test_hosts.py: in `make test`'s first stream, beside the session's cluster.
 pytestmark = [
     pytest.mark.multihost,
     pytest.mark.slow,
