@@ -4,7 +4,11 @@
 // server's other processes) holds up one chunk, not half of every product. A chunk multiplies
 // x's rows 4 or 8 at a time while its rows of W stay in cache: W is read from memory once per
 // call. A few rows (a decode step) are bound by that read; many (a prompt) by the arithmetic,
-// where oneDNN is faster over fp32 weights (engine/linear.py chooses).
+// where oneDNN is faster over fp32 weights (engine/linear.py chooses). Rows of W are read several
+// side by side, each of x's loads shared by them, but for one group of x's rows over fp32 weights:
+// there W's rows go one after another, front to back, one stream the hardware's prefetcher
+// follows. Either way a sum runs in one order, so a row of y has the same bits whatever else is
+// in the batch.
 
 #include <immintrin.h>
 
@@ -85,6 +89,7 @@ struct F32Weights {
   // x's rows multiplied together, one accumulator each per row of W: beside more, their loads
   // outweigh the multiply-adds.
   static constexpr int64_t kGroupRows = 4;
+  static constexpr bool kReadAlone = true;  // when memory bound: one group of x's rows
   const float* w;
   int64_t in;
   vec load_lanes(int64_t o, int64_t i) const { return load(w + o * in + i); }
@@ -102,6 +107,7 @@ struct F32Weights {
 struct Q8Weights {
   // Each 16 weights' conversion is shared by 8 of x's rows (at 4, 8-16 rows took twice as long).
   static constexpr int64_t kGroupRows = 8;
+  static constexpr bool kReadAlone = false;  // an int8 row alone took twice as long
   const int8_t* q;
   const float* scales;
   int64_t in;
@@ -117,7 +123,7 @@ struct Q8Weights {
   }
 };
 
-// y[t, o + r] = x[t] . w[o + r] for r < R and t < T.
+// y[t, o + r] = x[t] . w[o + r] for r < R and t < T. Rows side by side ask for their lines ahead.
 template <int64_t R, int64_t T, typename W>
 inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
                  int64_t o) {
@@ -129,7 +135,7 @@ inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, i
     vec xv[T];
     for (int64_t t = 0; t < T; ++t) xv[t] = load(x + t * sx + i);
     for (int64_t r = 0; r < R; ++r) {
-      w.prefetch(o + r, i);
+      if constexpr (R > 1) w.prefetch(o + r, i);
       const vec wv = w.load_lanes(o + r, i);
       for (int64_t t = 0; t < T; ++t) acc[r][t] += wv * xv[t];
     }
@@ -142,11 +148,15 @@ inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, i
     }
 }
 
-// W rows multiplied together, their loads interleaved: as many as keep the accumulators within
-// half the registers (16 of AVX-512's 32, 8 of AVX2's 16), 4 at most.
+// W rows multiplied together: one (``alone``), or their loads interleaved, as many as keep the
+// accumulators within half the registers (16 of AVX-512's 32, 8 of AVX2's 16), 4 at most.
 template <int64_t T, typename W>
 void rows(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
-          int64_t begin, int64_t end) {
+          int64_t begin, int64_t end, bool alone) {
+  if (alone) {
+    for (int64_t o = begin; o < end; ++o) tile<1, T>(x, sx, w, in, y, sy, o);
+    return;
+  }
 #if defined(__AVX512F__)
   constexpr int64_t R = T <= 4 ? 4 : 2;
 #else
@@ -161,18 +171,19 @@ void rows(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t 
 template <typename W>
 void chunk_product(const float* x, int64_t sx, int64_t num_rows, const W& w, int64_t in,
                    int64_t out, float* y, int64_t begin, int64_t end) {
+  const bool alone = W::kReadAlone && num_rows <= W::kGroupRows;
   for (int64_t t = 0; t < num_rows; t += W::kGroupRows) {
     const float* xt = x + t * sx;
     float* yt = y + t * out;
     switch (std::min(W::kGroupRows, num_rows - t)) {
-      case 1: rows<1>(xt, sx, w, in, yt, out, begin, end); break;
-      case 2: rows<2>(xt, sx, w, in, yt, out, begin, end); break;
-      case 3: rows<3>(xt, sx, w, in, yt, out, begin, end); break;
-      case 4: rows<4>(xt, sx, w, in, yt, out, begin, end); break;
-      case 5: rows<5>(xt, sx, w, in, yt, out, begin, end); break;
-      case 6: rows<6>(xt, sx, w, in, yt, out, begin, end); break;
-      case 7: rows<7>(xt, sx, w, in, yt, out, begin, end); break;
-      default: rows<8>(xt, sx, w, in, yt, out, begin, end); break;
+      case 1: rows<1>(xt, sx, w, in, yt, out, begin, end, alone); break;
+      case 2: rows<2>(xt, sx, w, in, yt, out, begin, end, alone); break;
+      case 3: rows<3>(xt, sx, w, in, yt, out, begin, end, alone); break;
+      case 4: rows<4>(xt, sx, w, in, yt, out, begin, end, alone); break;
+      case 5: rows<5>(xt, sx, w, in, yt, out, begin, end, alone); break;
+      case 6: rows<6>(xt, sx, w, in, yt, out, begin, end, alone); break;
+      case 7: rows<7>(xt, sx, w, in, yt, out, begin, end, alone); break;
+      default: rows<8>(xt, sx, w, in, yt, out, begin, end, alone); break;
     }
   }
 }

@@ -60,6 +60,24 @@ def test_native_product_equals_mkl(
     torch.testing.assert_close(out, expected, rtol=0, atol=PACKED_ATOL)
 
 
+# A decode step's rows as the engine batches them: alone, in one group of x's rows (fp32 W read a
+# row at a time), in several (W's rows side by side). Greedy output must not depend on the batch.
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("rows", [2, 4, 5, 8, 9, 16])
+def test_a_native_product_row_has_the_same_bits_in_any_batch(
+    native_ops: ModuleType, quantized: bool, rows: int
+) -> None:
+    linear = _linear(576, 960, bias=False, seed=rows)
+    assert not quantized or linear.quantize()
+    scales = linear.scales if quantized else None
+    x = torch.randn(rows, 576)
+    with torch.inference_mode():
+        batched = native_ops.linear(x, linear.weight, scales, None)
+        for row in range(rows):
+            alone = native_ops.linear(x[row : row + 1], linear.weight, scales, None)
+            assert torch.equal(alone[0], batched[row]), row
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 9, 64])
 @pytest.mark.parametrize(("in_features", "out_features"), [(256, 384), (96, 513)])
