@@ -1,8 +1,12 @@
 """The engine loop in one background thread, with an asyncio front that streams token deltas.
 
-Only the engine thread touches the ``LLMEngine`` (it is not thread-safe). Callers send commands
-(add, abort, stop) through a thread-safe queue; the thread applies them between steps and hands
-each delta to its request's event loop with ``call_soon_threadsafe``.
+Only the engine thread touches the ``LLMEngine`` (it is not thread-safe), and it builds it too:
+OpenMP keeps a team of threads for each thread that starts parallel work, and with more of them
+than cores (one team from the thread that loaded the model, one from the thread that steps) they
+sleep at every barrier instead of spinning (docs/benchmarks.md, "Measurements behind the code's
+choices"). Callers send commands (add, abort, stop) through a thread-safe queue; the thread
+applies them between steps and hands each delta to its request's event loop with
+``call_soon_threadsafe``.
 
 In a disaggregated cluster the same thread drives KV transfer (``remote_kv.py``): it exports the
 blocks of finished ``hold_kv`` requests, and polls the transfers of requests whose prompt KV is
@@ -10,6 +14,7 @@ coming from a peer, which join the batch when it lands (or prefill here if it fa
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import sys
@@ -88,13 +93,10 @@ class AsyncLLMEngine:
         take now and then (a KV-aware router's stats do)."""
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.kv_events = KVEventLog() if kv_events else None
-        self.engine = LLMEngine(config, collect_stats, self.kv_events)
         self._collect_stats = collect_stats
         self._iteration_stats = IterationStats()  # taken from the engine thread, under _lock
-        self._kv_hooks = None if kv_hooks is None else kv_hooks(self.engine)
         self._transfers: dict[str, _Transfer] = {}  # engine thread only
         self.num_transfer_failures = 0  # remote prefills recomputed here instead
-        self.stats: EngineStats = self.engine.stats()  # a snapshot, renewed by the engine thread
         self.max_waiting_requests = config.max_waiting_requests
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()  # None: stop
         # Guards the admission counters and `_closed`, so no add can slip in behind the stop.
@@ -103,8 +105,12 @@ class AsyncLLMEngine:
         self._reported_waiting = 0  # scheduler.num_waiting as of the engine thread's last look
         self._pending_adds = 0  # adds submitted but not yet applied by the engine thread
         self._targets: dict[str, tuple[RequestStream, Request]] = {}  # engine thread only
-        self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
+        built: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(config, kv_hooks, built), name="pdserve-engine", daemon=True
+        )
         self._thread.start()
+        built.result()  # raises what building the engine raised
 
     async def generate(
         self,
@@ -192,9 +198,26 @@ class AsyncLLMEngine:
 
     # --- engine thread ---
 
-    def _run(self) -> None:
-        """The engine loop: apply queued commands (sleeping on the queue while there is no work),
-        run one step, hand out the deltas. On exit every stream and pending add gets an error."""
+    def _build(self, config: EngineConfig, kv_hooks: Callable[[LLMEngine], KVHooks] | None) -> None:
+        self.engine = LLMEngine(config, self._collect_stats, self.kv_events)
+        self._kv_hooks = None if kv_hooks is None else kv_hooks(self.engine)
+        self.stats: EngineStats = self.engine.stats()  # a snapshot, renewed by the engine thread
+
+    def _run(
+        self,
+        config: EngineConfig,
+        kv_hooks: Callable[[LLMEngine], KVHooks] | None,
+        built: concurrent.futures.Future[None],
+    ) -> None:
+        """Builds the engine, then loops: apply queued commands (sleeping on the queue while
+        there is no work), run one step, hand out the deltas. On exit every stream and pending
+        add gets an error."""
+        try:
+            self._build(config, kv_hooks)
+        except BaseException as error:  # the constructor raises it
+            built.set_exception(error)
+            return
+        built.set_result(None)
         try:
             while self._apply_commands():
                 self._poll_kv()

@@ -2,6 +2,7 @@
 closing a stream aborts and frees; bad requests, overload and shutdown fail fast, never hang."""
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -258,3 +259,24 @@ def test_shutdown_fails_in_flight_streams(tiny_model_dir: Path) -> None:
         assert inner.block_pool.num_free_blocks == inner.block_pool.num_blocks
 
     _run(main())
+
+
+def test_the_engine_thread_builds_the_engine_and_its_kv_hooks(tiny_model_dir: Path) -> None:
+    """One thread loads, allocates and steps (one OpenMP team: async_engine.py)."""
+    builders = []
+
+    def hooks(engine: Any) -> Any:
+        builders.append(threading.current_thread().name)
+        return None
+
+    async_engine = AsyncLLMEngine(EngineConfig(model=str(tiny_model_dir)), kv_hooks=hooks)
+    try:
+        assert builders == [async_engine._thread.name]
+        assert async_engine._thread is not threading.current_thread()
+    finally:
+        async_engine.shutdown()
+
+
+def test_an_engine_that_cannot_be_built_raises_from_the_constructor(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        AsyncLLMEngine(EngineConfig(model=str(tmp_path / "missing")))
