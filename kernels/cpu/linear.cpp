@@ -123,8 +123,8 @@ struct Q8Weights {
   }
 };
 
-// y[t, o + r] = x[t] . w[o + r] for r < R and t < T. Rows side by side ask for their lines ahead.
-template <int64_t R, int64_t T, typename W>
+// y[t, o + r] = x[t] . w[o + r] for r < R and t < T; ``ahead``: ask for W's lines ahead.
+template <int64_t R, int64_t T, bool ahead = true, typename W>
 inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
                  int64_t o) {
   vec acc[R][T];
@@ -135,7 +135,7 @@ inline void tile(const float* x, int64_t sx, const W& w, int64_t in, float* y, i
     vec xv[T];
     for (int64_t t = 0; t < T; ++t) xv[t] = load(x + t * sx + i);
     for (int64_t r = 0; r < R; ++r) {
-      if constexpr (R > 1) w.prefetch(o + r, i);
+      if constexpr (ahead) w.prefetch(o + r, i);
       const vec wv = w.load_lanes(o + r, i);
       for (int64_t t = 0; t < T; ++t) acc[r][t] += wv * xv[t];
     }
@@ -154,7 +154,7 @@ template <int64_t T, typename W>
 void rows(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t sy,
           int64_t begin, int64_t end, bool alone) {
   if (alone) {
-    for (int64_t o = begin; o < end; ++o) tile<1, T>(x, sx, w, in, y, sy, o);
+    for (int64_t o = begin; o < end; ++o) tile<1, T, false>(x, sx, w, in, y, sy, o);
     return;
   }
 #if defined(__AVX512F__)
