@@ -219,7 +219,7 @@ def test_ray_up_starts_the_head_and_its_autoscaler_the_workers(deployed: Launche
     assert offered == {host.address: pools.get(host.index, set()) for host in deployed.hosts}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(APP_TIMEOUT_S + 60)  # the view's own wait, and `ray exec`'s
 def test_the_heads_prometheus_scrapes_every_host(deployed: Launched) -> None:
     """`pdserve prometheus`, which the head's start commands start, finds every node's metrics
     agent through the service-discovery file the head's dashboard writes."""
@@ -228,6 +228,7 @@ def test_the_heads_prometheus_scrapes_every_host(deployed: Launched) -> None:
     assert up_hosts(up) == hosts, up
 
 
+@pytest.mark.timeout(120)
 def test_each_pool_runs_on_its_hosts_and_the_router_on_the_head(deployed: Launched) -> None:
     hosts = deployed.hosts
     placed = {pool: replica_hosts(hosts, pool) for pool in POOL_RESOURCES}
