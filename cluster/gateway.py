@@ -54,6 +54,9 @@ ACCESS_LOG_FORMAT = "%Ts.%ms %ci:%cp %HM %HP %ST %Th %Ti %TR %Tw %Tc %Tr %Ta %Tt
 # What the bound counts: the requests that hold an engine's work.
 GENERATION_PATHS = (COMPLETIONS.path, CHAT.path)
 CONTROL_PER_REPLICA = 8  # requests on any other path one router replica may hold
+# HAProxy's files beside its connections: listeners, its runtime API, logs, the master's
+# sockets and pipes, a poller per thread.
+RESERVED_FILES = 256
 KEEP_ALIVE_S = 60
 QUEUE_MS = 500
 START_TIMEOUT_S = 30.0
@@ -71,6 +74,17 @@ def replica_bound(config: ClusterConfig) -> int:
     """The requests one router replica may hold: its models' ``max_concurrent_requests``, summed
     (its own admission still holds each model to its own, answering 429 too)."""
     return sum(model.max_concurrent_requests for model in config.models)
+
+
+def client_connections(replicas: int, per_replica: int, file_limit: int) -> int:
+    """The client connections HAProxy may hold in ``file_limit`` files: a file each, after those
+    its connections to ``replicas`` router replicas may take (their bound, with the control
+    slots and a health check each) and ``RESERVED_FILES``. A burst's refused clients hold one
+    file, never two: sizing by HAProxy's default (half the limit) left a new client waiting in
+    the accept queue behind the burst's idle connections (docs/benchmarks.md, "The gateway
+    under a burst")."""
+    to_replicas = replicas * (per_replica + CONTROL_PER_REPLICA + 1)
+    return max(file_limit - to_replicas - RESERVED_FILES, 1)
 
 
 def _refusal(kind: ErrorKind, message: str, code: str) -> bytes:
@@ -101,20 +115,24 @@ def render(
     host: str,
     port: int,
     files: Path,
+    file_limit: int,
     access_log: bool = False,
 ) -> str:
     """HAProxy's config: ``host:port`` in front of ``servers``, each holding ``per_replica``
     generation requests at most, and ``CONTROL_PER_REPLICA`` of the rest (models, health,
-    metrics, the API's document) beside them; ``files`` holds the refusals (``_write_errors``);
-    with ``access_log``, a line per request on HAProxy's stdout (``ACCESS_LOG_FORMAT``)."""
-    # No global maxconn: HAProxy takes what the process' file limit allows (two files a
-    # connection); connections past it wait in the kernel's accept queues, one per thread
-    # (`shards by-thread`; a thread per core HAProxy may run on, its default), each as long as
+    metrics, the API's document) beside them, in a process that may open ``file_limit`` files;
+    ``files`` holds the refusals (``_write_errors``); with ``access_log``, a line per request on
+    HAProxy's stdout (``ACCESS_LOG_FORMAT``)."""
+    # Connections past `maxconn` wait in the kernel's accept queues, one per thread (`shards
+    # by-thread`; a thread per core HAProxy may run on, its default), each as long as
     # net.core.somaxconn allows (past that, a client sends its SYN again a second later).
-    # A backend's own 503 (a request that waited past `timeout queue`) is the overload it is.
     queued_past_the_timeout = f"    errorfile 503 {files / '429.http'}"
     lines = [
         "global",
+        f"    maxconn {client_connections(len(servers), per_replica, file_limit)}",
+        # HAProxy's own sizing assumes two files a client connection and refuses to start
+        # with fewer; `client_connections` counts the files this config can really hold.
+        "    no strict-limits",
         # HAProxy's runtime API, for operators: `show info`, `show stat`, `show servers state`.
         f"    stats socket {files / ADMIN_SOCKET} mode 600 level operator",
         *(["    log stdout format raw local0 info"] if access_log else []),
@@ -123,6 +141,9 @@ def render(
         "    mode http",
         "    option http-no-delay",
         "    option abortonclose",
+        # A replica's connection closes with its response: the replicas hold no idle ones, so
+        # the files on that side are the requests the servers' `maxconn` admit.
+        "    option http-server-close",
         "    timeout connect 5s",
         "    timeout check 5s",
         "    timeout client 3600s",
@@ -199,12 +220,13 @@ def ingress_servers(app: str) -> list[Server]:
     return sorted((LOOPBACK if ip == here else ip, port) for ip, port in targets)
 
 
-def _open_files_to_the_limit() -> None:
-    """HAProxy holds two files per connection, and sizes its connections to the file limit it
-    inherits: a soft limit of 1,024, common, would hold 500. This process raises its own to the
-    hard limit (``ulimit -Hn``) before it starts HAProxy."""
+def _open_files_to_the_limit() -> int:
+    """Raises this process' file limit to its hard limit (``ulimit -Hn``), which HAProxy
+    inherits, and returns it: a soft limit of 1,024, common, would hold a few hundred
+    connections."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
 
 
 class Gateway:
@@ -228,11 +250,11 @@ class Gateway:
         # Its own messages go to stderr; with the access log, each request's line to stdout.
         self._access = None if access_log is None else open(access_log, "ab")  # noqa: SIM115
         self.servers = self._list()
+        self._file_limit = _open_files_to_the_limit()
         self._write()
         log = self._dir / "haproxy.log"
         self._log = open(log, "wb")  # noqa: SIM115
         command = [haproxy_binary(), "-W", "-db", "-f", str(self._config)]
-        _open_files_to_the_limit()
         self._process = subprocess.Popen(
             command,
             stdout=self._log if self._access is None else self._access,
@@ -251,7 +273,7 @@ class Gateway:
 
     def max_connections(self) -> int:
         """The client connections HAProxy holds at once (past them, new ones wait in the
-        kernel's accept queue): its ``Maxconn``, from its file limit."""
+        kernel's accept queue): its ``Maxconn`` (``client_connections``)."""
         with socket.socket(socket.AF_UNIX) as admin:
             admin.settimeout(LIST_TIMEOUT_S)
             admin.connect(str(self._dir / ADMIN_SOCKET))
@@ -266,6 +288,7 @@ class Gateway:
             self.host,
             self.port,
             self._dir,
+            self._file_limit,
             access_log=self._access is not None,
         )
         self._config.write_text(config)

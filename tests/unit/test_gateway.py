@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 
-from pdserve.cluster.gateway import CONTROL_PER_REPLICA, POLL_S, Gateway, render
+from pdserve.cluster.gateway import (
+    CONTROL_PER_REPLICA,
+    POLL_S,
+    RESERVED_FILES,
+    Gateway,
+    render,
+)
 from pdserve.cluster.serve import free_port
 from pdserve.router.api.errors import RETRY_AFTER_S, ErrorResponse
 
@@ -172,8 +178,12 @@ def _wait_for(probe: Callable[[], Any]) -> Any:
 
 
 def test_each_replica_is_held_to_the_bound(tmp_path: Path) -> None:
-    config = render([("127.0.0.1", 30000), ("10.0.0.2", 30001)], 7, "0.0.0.0", 8000, tmp_path)
+    servers = [("127.0.0.1", 30000), ("10.0.0.2", 30001)]
+    config = render(servers, 7, "0.0.0.0", 8000, tmp_path, 20_000)
     assert "bind 0.0.0.0:8000" in config
+    # A file per client connection, after the replicas' slots (generation, control, a check).
+    assert f"maxconn {20_000 - 2 * (7 + CONTROL_PER_REPLICA + 1) - RESERVED_FILES}\n" in config
+    assert "option http-server-close" in config  # no idle connection holds a replica's file
     assert "default-server maxconn 7 " in config
     assert "server router0 127.0.0.1:30000" in config
     assert "server router1 10.0.0.2:30001" in config
@@ -206,6 +216,37 @@ def test_haproxy_ends_with_the_process_that_started_it() -> None:
         owner.kill()
         owner.wait()
     _wait_for(lambda: not _listening(port))
+
+
+def test_idle_connections_past_half_the_file_limit_keep_no_new_client_waiting() -> None:
+    """A burst's clients hold a file each in HAProxy, not two: with a file limit of 1,000,
+    600 connections that have sent nothing (as a burst's, before its requests are written)
+    leave room for a new client, answered at once (before, HAProxy held half the limit and the
+    new client waited in the accept queue behind them)."""
+    port = free_port()
+    code = (
+        "import resource, time\n"
+        "from pdserve.cluster.gateway import Gateway\n"
+        "from pdserve.tests.unit.test_gateway import Replica\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1000, 1000))\n"
+        f"gateway = Gateway(lambda: [Replica('a').address], 1, '127.0.0.1', {port})\n"
+        "print(gateway.max_connections(), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-P", "-c", code], stdout=subprocess.PIPE, text=True)
+    idle: list[socket.socket] = []
+    try:
+        assert int(owner.stdout.readline()) > 600
+        for _ in range(600):
+            idle.append(socket.create_connection(("127.0.0.1", port)))
+        with socket.create_connection(("127.0.0.1", port), timeout=5.0) as client:
+            client.sendall(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            assert client.recv(64).split()[1] == b"200"  # a timeout fails it
+    finally:
+        for connection in idle:
+            connection.close()
+        owner.kill()
+        owner.wait()
 
 
 def _listening(port: int) -> bool:
