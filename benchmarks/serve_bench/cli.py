@@ -10,7 +10,7 @@ two routing policies) in alternating rounds: every run goes to each model in tur
 prompts and arrivals, and each model's requests over all rounds are summarised together, b over a:
 the comparison on one server, under the same noise, that two servers run one after the other are
 not. Prints the summaries (``metrics.py``: TTFT, TPOT, ITL, E2EL, throughputs, goodput under
-``--slo``; with ``--probe-interval``, what a lone client beside each run saw: ``probe.py``) and
+``--slo``; with ``--probe-interval``, what new clients beside each run saw: ``probe.py``) and
 writes ``--out`` (JSON: config, per-request records, summaries) with PNGs beside
 it. ``--compare a.json b.json`` prints b's summaries over a's instead, and with ``--out`` plots
 both on the same axes there.
@@ -109,8 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--probe-interval",
         type=float,
         metavar="SECONDS",
-        help="HTTP: beside each run, a lone client in a process of its own sends a one-token "
-        "stream this often and times the server's status line (probe.py)",
+        help="HTTP: beside each run, from a process of its own, a new client this often sends a "
+        "one-token stream and times the server's status line (probe.py)",
     )
     parser.add_argument(
         "--out", type=Path, help="the result JSON (default: bench-serve.json); the PNGs beside it"

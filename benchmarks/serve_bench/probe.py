@@ -1,16 +1,20 @@
-"""A lone client beside a run (``--probe-interval``): one streamed completion at a time, every
-interval, from a process of its own, timed from its connect to the server's status line.
+"""New clients beside a run (``--probe-interval``): every interval, from a process of its own,
+one more client sends a streamed completion on a connection of its own, timed from its connect to
+the server's status line.
 
 A run's own requests are timed on the bench's event loop, which lags once thousands of them are
 in flight: under a 10,000-request burst it saw refusals that took milliseconds as taking seconds.
-The probe holds one connection on a loop of its own, so its times are what one more client sees,
-the kernel's accept queue included. It asks for one token and hangs up once the status is in: an
-admitted probe is cancelled, as any client that leaves.
+The probe's clients run on threads of a process that does nothing else, so their times are what
+one more client sees, the kernel's accept queue included. Each asks for one token and hangs up
+once the status is in (an admitted probe is cancelled, as any client that leaves); one admitted
+and waiting for its first token does not hold back the next, so refusals are timed all through
+a burst.
 """
 
 import http.client
 import json
 import multiprocessing
+import threading
 import time
 import urllib.parse
 from collections import defaultdict
@@ -24,6 +28,23 @@ MS = 1e3
 ERROR = 0  # the status of a probe that got no answer (refused connection, timeout)
 
 
+def _probe_once(
+    url: str, body: bytes, headers: dict[str, str], answers: list[tuple[int, bool, float]]
+) -> None:
+    parts = urllib.parse.urlsplit(url)
+    start = time.perf_counter()
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    try:
+        connection.request("POST", f"{parts.path.rstrip('/')}/v1/completions", body, headers)
+        response = connection.getresponse()  # the status line and headers only
+        answer = (response.status, response.getheader("retry-after") is not None)
+    except (OSError, http.client.HTTPException):
+        answer = (ERROR, False)
+    finally:
+        connection.close()
+    answers.append((*answer, time.perf_counter() - start))  # list.append: one at a time
+
+
 def _probe_loop(
     url: str,
     body: bytes,
@@ -33,23 +54,16 @@ def _probe_loop(
     stop: Any,  # multiprocessing.Event
     out: Any,  # multiprocessing.Queue
 ) -> None:
-    parts = urllib.parse.urlsplit(url)
-    path = f"{parts.path.rstrip('/')}/v1/completions"
-    answers = []
+    answers: list[tuple[int, bool, float]] = []
+    clients = []
     ready.set()
     while not stop.is_set():
-        start = time.perf_counter()
-        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
-        try:
-            connection.request("POST", path, body, headers)
-            response = connection.getresponse()  # the status line and headers only
-            answer = (response.status, response.getheader("retry-after") is not None)
-        except (OSError, http.client.HTTPException):
-            answer = (ERROR, False)
-        finally:
-            connection.close()
-        answers.append((*answer, time.perf_counter() - start))
+        client = threading.Thread(target=_probe_once, args=(url, body, headers, answers))
+        client.start()
+        clients.append(client)
         stop.wait(interval_s)
+    for client in clients:  # each ends within TIMEOUT_S
+        client.join()
     out.put(answers)
 
 

@@ -1,6 +1,7 @@
-"""``bench serve --probe-interval``'s lone client: in a process of its own it sends one-token
-streams to a real local HTTP server, reads each status line, and the summary counts each status,
-the ``Retry-After`` headers and the times; a server that is not there counts as status 0."""
+"""``bench serve --probe-interval``'s new clients: from a process of its own, one every interval
+sends a one-token stream to a real local HTTP server and reads its status line, whether or not
+the one before has its answer; the summary counts each status, the ``Retry-After`` headers and
+the times; a server that is not there counts as status 0."""
 
 import threading
 import time
@@ -16,10 +17,12 @@ from pdserve.cluster.serve import free_port
 pytestmark = pytest.mark.timeout(60)
 RUN_S = 1.0
 INTERVAL_S = 0.02
+SERVED_AFTER_S = 0.3  # an admitted stream's head comes with its first token, later
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Every other POST refused 429 with Retry-After, the rest 200: what a gateway answers."""
+    """Every other POST refused 429 with Retry-After at once, the rest 200 after
+    ``SERVED_AFTER_S``: what a gateway and the router behind it answer."""
 
     seen = 0
     paths: ClassVar[list[str]] = []
@@ -31,6 +34,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["content-length"]))
         _Handler.paths.append(self.path)
         _Handler.seen += 1
+        if _Handler.seen % 2 == 0:
+            time.sleep(SERVED_AFTER_S)
         self.send_response(429 if _Handler.seen % 2 else 200)
         if _Handler.seen % 2:
             self.send_header("retry-after", "1")
@@ -51,7 +56,10 @@ def test_the_probe_counts_each_status_and_its_retry_after(server: str) -> None:
         time.sleep(RUN_S)
     assert probe.summary is not None
     refused, served = probe.summary["429"], probe.summary["200"]
-    assert refused["count"] >= 5 and abs(refused["count"] - served["count"]) <= 1
+    # A client every interval, though each admitted one waits: not one per served answer.
+    assert refused["count"] >= RUN_S / INTERVAL_S / 4
+    assert abs(refused["count"] - served["count"]) <= 1
+    assert served["p50_ms"] >= SERVED_AFTER_S * 1e3
     assert refused["retry_after"] == refused["count"] and served["retry_after"] == 0
     assert 0 < refused["p50_ms"] <= refused["p99_ms"] <= refused["max_ms"] < RUN_S * 1e3
     assert set(_Handler.paths) == {"/v1/completions"}
