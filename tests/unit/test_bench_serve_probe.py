@@ -3,6 +3,7 @@ sends a one-token stream to a real local HTTP server and reads its status line, 
 the one before has its answer; the summary counts each status, the ``Retry-After`` headers and
 the times; a server that is not there counts as status 0."""
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ class _Handler(BaseHTTPRequestHandler):
     """Every other POST refused 429 with Retry-After at once, the rest 200 after
     ``SERVED_AFTER_S``: what a gateway and the router behind it answer."""
 
-    seen = 0
+    arrivals = itertools.count(1)  # next() is atomic: the server answers on many threads
     paths: ClassVar[list[str]] = []
 
     def log_message(self, *args: object) -> None:
@@ -33,11 +34,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["content-length"]))
         _Handler.paths.append(self.path)
-        _Handler.seen += 1
-        if _Handler.seen % 2 == 0:
+        refused = next(_Handler.arrivals) % 2 == 1
+        if not refused:
             time.sleep(SERVED_AFTER_S)
-        self.send_response(429 if _Handler.seen % 2 else 200)
-        if _Handler.seen % 2:
+        self.send_response(429 if refused else 200)
+        if refused:
             self.send_header("retry-after", "1")
         self.send_header("content-length", "0")
         self.end_headers()
