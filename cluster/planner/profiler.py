@@ -5,7 +5,8 @@ with ``num_cpus`` 0 one thread), and measures:
 
 - prefill: one prompt of each length alone, from its add to its first token (the best of a few
   runs, each on a fresh prompt so the prefix cache never helps);
-- decode: ``batch`` requests of ``context`` tokens each, once all are decoding, the mean step.
+- decode: ``batch`` requests of ``context`` tokens each, once all are decoding, the median step
+  (so steps another process slowed stay out of it).
 
 Writes the ``Profile`` JSON the planner reads and, where matplotlib is installed, a PNG of both
 curves beside it.
@@ -13,6 +14,7 @@ curves beside it.
 
 import argparse
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -83,12 +85,13 @@ def decode_step_seconds(
         engine.add_request(request_id, prompts(context), params)
     while engine.stats().num_queued_prefill_tokens:  # every prompt in, every request decoding
         engine.step()
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         engine.step()
-    seconds = (time.perf_counter() - start) / steps
+        times.append(time.perf_counter() - start)
     _run_to_end(engine)
-    return seconds
+    return statistics.median(times)
 
 
 def profile_model(args: argparse.Namespace) -> Profile:
