@@ -90,11 +90,11 @@ test: lint test-deps
 	{ $(PY) -m pytest -q -m "multihost and not node_autoscaling" --durations=6 tests; \
 		hosts_status=$$?; echo "the multihost tests: $$(($$(date +%s) - start)) s"; \
 		$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not real_model" \
-		--durations=12 tests; status=$$?; \
+		--durations=25 tests; status=$$?; \
 		echo "the multihost tests, then the tests without Ray: $$(($$(date +%s) - start)) s"; \
 		[ $$hosts_status = 0 ] && [ $$status = 0 ]; } > $$rest_log 2>&1 & \
 	rest=$$!; \
-	$(PY) -m pytest -q -m "ray and not multihost and not real_model" --durations=12 tests; \
+	$(PY) -m pytest -q -m "ray and not multihost and not real_model" --durations=25 tests; \
 	ray_status=$$?; ray_s=$$(($$(date +%s) - start)); \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the multihost tests, then the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \
