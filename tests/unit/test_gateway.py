@@ -132,10 +132,11 @@ def test_past_the_bound_haproxy_refuses_with_openai_429(
         assert sorted(a[0] for a in answers) == [200, 429, 429]
         assert replica.posts == 1
         assert gateway.max_connections() > 0
+        # HAProxy logs a request once its stream ends, which may be after its client has read it.
+        lines = _wait_for(lambda: _lines_once(access_log, 5))  # the five requests above
     finally:
         gateway.stop()
     # A line per request, ACCESS_LOG_FORMAT's fields: the refusals never queued for a replica.
-    lines = [line.split() for line in access_log.read_text().splitlines()]
     by_path = sorted((fields[3], int(fields[4]), int(fields[8])) for fields in lines)
     completions, chat = "/v1/completions", "/v1/chat/completions"
     assert by_path == [
@@ -161,6 +162,12 @@ def test_the_gateway_follows_the_replicas_and_answers_503_without_any(
         assert _send(f"{base}/-/gateway", "GET")[0] == 503
     finally:
         gateway.stop()
+
+
+def _lines_once(log: Path, count: int) -> list[list[str]] | None:
+    """The access log's lines, split into fields, once it has ``count`` of them."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    return lines if len(lines) >= count else None
 
 
 def _only_if_503(answer: Answer) -> Answer | None:
