@@ -126,6 +126,7 @@ def render(
     # Connections past `maxconn` wait in the kernel's accept queues, one per thread (`shards
     # by-thread`; a thread per core HAProxy may run on, its default), each as long as
     # net.core.somaxconn allows (past that, a client sends its SYN again a second later).
+    # A backend's own 503 (a request that waited past `timeout queue`) is the overload it is.
     queued_past_the_timeout = f"    errorfile 503 {files / '429.http'}"
     lines = [
         "global",

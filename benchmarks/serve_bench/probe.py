@@ -42,7 +42,7 @@ def _probe_once(
         answer = (ERROR, False)
     finally:
         connection.close()
-    answers.append((*answer, time.perf_counter() - start))  # list.append: one at a time
+    answers.append((*answer, time.perf_counter() - start))  # appends are atomic
 
 
 def _probe_loop(
