@@ -37,7 +37,10 @@ def scheduler_step_seconds(
         model="unused",
         num_kv_blocks=num_blocks,
         max_num_seqs=num_running,
-        max_num_batched_tokens=max(DEFAULT_MAX_NUM_BATCHED_TOKENS, num_running),
+        # Every prompt in the first step, so every request decodes from the second on.
+        max_num_batched_tokens=max(
+            DEFAULT_MAX_NUM_BATCHED_TOKENS, num_running * SCHEDULER_PROMPT_LEN
+        ),
     )
     scheduler = Scheduler(config, BlockPool(num_blocks), max_model_len=max_model_len)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
