@@ -18,9 +18,7 @@ QUANTIZATIONS = ("int8",)  # weight-only, of the linear layers (engine/quantizat
 DEFAULT_KV_CACHE_MEMORY_BYTES = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 256
-# A step's token budget: prompts beyond it prefill in chunks beside the running decodes, so a wave
-# of prompts gets first tokens as each chunk ends (docs/benchmarks.md, "Chunked prefill").
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_WAITING_REQUESTS = 1024
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # Where requests' sampling defaults come from (vLLM's --generation-config), besides a folder holding

@@ -34,9 +34,9 @@ DEFAULT_GRPC_PORT = 9000
 # Prompts with fewer uncached tokens than this prefill on the decode replica (aggregated path).
 DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 128
 DEFAULT_ROUTING_STATS_PERIOD_S = 0.5
-# A prefill replica with this many prompt tokens queued is saturated: eight of the engine's default
+# A prefill replica with this many prompt tokens queued is saturated: two of the engine's default
 # steps (max_num_batched_tokens).
-DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 8 * DEFAULT_MAX_NUM_BATCHED_TOKENS
+DEFAULT_PREFILL_QUEUE_MAX_TOKENS = 2 * DEFAULT_MAX_NUM_BATCHED_TOKENS
 DEFAULT_MAX_ONGOING_REQUESTS = DEFAULT_MAX_NUM_SEQS  # a replica's calls: what its engine batches
 # A replica being removed (scale-down, redeploy) takes no new requests and has this long to finish
 # its streams: a 1,000-token completion at 50 ms a token (Serve's own default is 20 s).

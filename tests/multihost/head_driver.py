@@ -5,8 +5,6 @@ head by `ray exec` (`python head_driver.py VIEW ARG...`), it prints one JSON lin
   each live node's address and resources.
 - ``kv MODEL``: the router's route decisions for MODEL, each decode replica's stats, and each
   decode replica as the router's placement sees it.
-- ``busiest DEPLOYMENT``: the address of the node whose replica of DEPLOYMENT runs the most
-  requests (``{"address": ...}``).
 - ``planner``: the planner's decisions, a log line each, oldest first.
 - ``scraped HOSTS TIMEOUT_S``: once the Prometheus on the head's loopback (``pdserve
   prometheus``) scrapes targets of Ray's (metrics agents, the head's dashboard and autoscaler) on
@@ -56,25 +54,6 @@ def kv(model: str) -> dict[str, Any]:
     return {"routes": routes, "decode": decode, "placements": placements}
 
 
-def busiest(deployment: str) -> dict[str, str]:
-    from ray.util.state import list_actors
-
-    from pdserve.cluster.replicas import answering_replica_stats
-
-    running = {
-        replica: stats["num_running"] + stats["num_waiting"]
-        for replica, stats in answering_replica_stats(deployment).items()
-    }
-    replica = max(running, key=running.__getitem__)
-    (actor,) = [
-        actor
-        for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-        if actor.name and actor.name.endswith(f"#{deployment}#{replica}")
-    ]
-    (node,) = [node for node in ray.nodes() if node["NodeID"] == actor.node_id]
-    return {"address": node["NodeManagerAddress"]}
-
-
 def planner() -> list[str]:
     from ray import serve
 
@@ -106,7 +85,6 @@ def up_hosts(up: dict[str, float]) -> set[str]:
 VIEWS = {
     "app": lambda name, timeout_s: app(name, float(timeout_s)),
     "kv": kv,
-    "busiest": busiest,
     "planner": planner,
     "scraped": lambda hosts, timeout_s: scraped(int(hosts), float(timeout_s)),
 }
