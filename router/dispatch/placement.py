@@ -45,10 +45,13 @@ at most as late as the quickest delivery, whatever the offset between the two.
 
 The ingress places a request in the decode pool (the cached prefix there decides between local
 and remote prefill) and, when it goes remote, in the prefill pool, and writes both into the
-request; the pools' request routers (``kv_routing.py``) send it there. Serve builds those routers
-itself, in the ingress's process, so they find the pool's placement through ``register`` and
-``placement_for``: this module's state, imported by reference (Serve pickles a request router's
-own module by value, so state kept there would be a copy per router).
+request; the pools' request routers (``kv_routing.py``) send it there. A remote prefill's decode
+call is sent only once its prompt is prefilled, so the ingress reserves the decode replica at
+once: the load it will be there counts from the placement until the call is sent (or ends), or
+a burst of long prompts would all see the same idle decode replicas and pile onto one at random.
+Serve builds those routers itself, in the ingress's process, so they find the pool's placement
+through ``register`` and ``placement_for``: this module's state, imported by reference (Serve
+pickles a request router's own module by value, so state kept there would be a copy per router).
 """
 
 import math
@@ -69,6 +72,7 @@ FORGET_S = 30.0  # how long blocks sent to a replica count as cached there witho
 LONGEST_CALL_S = 3600.0  # a call this old whose end was never heard of is forgotten
 STALE_S = 10.0  # no new report from a replica this long: its index is not trusted
 HOT_S = 10.0  # a block of a request sent this long ago is still in its replica's working set
+RESERVED_S = 60.0  # a call placed this long ago and not sent yet no longer counts (never made)
 
 
 class Placement(NamedTuple):
@@ -92,6 +96,8 @@ class _Replica:
     made_at: float = -math.inf  # when its latest report was made, on this router's clock
     # Calls in flight there, by request id: (when sent, prompt tokens).
     sent: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # Calls placed there and not sent yet, by request id: (when placed, the load it will be).
+    reserved: dict[str, tuple[float, int]] = field(default_factory=dict)
     # Each call in flight there, by request id: (when sent, its block hashes). The one record of
     # where a call went, so a replica that goes takes its calls along.
     calls: dict[str, tuple[float, tuple[BlockHash, ...]]] = field(default_factory=dict)
@@ -175,6 +181,13 @@ class PoolPlacement:
             _, cached, name = random.choice([s for s in scored if s[0] == best])
             return Placement(name, cached)
 
+    def reserve(self, replica_id: str, request: GenerateRequest, load_tokens: int) -> None:
+        """``request`` will be sent to the replica (placed there, its call not made yet): it counts
+        there as ``load_tokens`` of load, whatever the reports say, until it is sent or ends."""
+        with self._lock:
+            replica = self._replicas.setdefault(replica_id, _Replica())
+            replica.reserved[request.request_id] = (self._now(), load_tokens)
+
     def sent(self, replica_id: str, request: GenerateRequest) -> None:
         """``request`` went to the replica: its prompt's uncached part is load there until its
         call ends or a later report counts it, its blocks cached there until a report speaks for
@@ -207,6 +220,8 @@ class PoolPlacement:
     def _end(self, request_id: str, stored: bool) -> None:
         """``stored``: the call ran there, so its blocks are there now; else it went elsewhere."""
         self._orphans.discard(request_id)
+        for placed in self._replicas.values():
+            placed.reserved.pop(request_id, None)
         replica = next((r for r in self._replicas.values() if request_id in r.calls), None)
         if replica is None:  # never sent, or its replica is gone
             return
@@ -231,6 +246,7 @@ class PoolPlacement:
                     "reported_load_tokens": replica.load_tokens,
                     "cached_blocks": len(replica.cached) if replica.synced else None,
                     "calls_in_flight": len(replica.sent),
+                    "calls_reserved": len(replica.reserved),
                     "working_set_blocks": len(replica.hot),
                 }
                 for name, replica in self._replicas.items()
@@ -270,6 +286,9 @@ class PoolPlacement:
         replica.calls = {
             r: call for r, call in replica.calls.items() if now - call[0] <= LONGEST_CALL_S
         }
+        replica.reserved = {
+            r: call for r, call in replica.reserved.items() if now - call[0] <= RESERVED_S
+        }
 
     def _overlap(self, replica: _Replica, request: GenerateRequest, now: float) -> int:
         """The prompt's leading blocks cached at the replica, or sent there by this router and
@@ -295,7 +314,8 @@ class PoolPlacement:
         return max(0, working_set + new - replica.capacity_blocks)
 
     def _load(self, replica: _Replica) -> int:
-        return replica.load_tokens + sum(tokens for _, tokens in replica.sent.values())
+        sent = sum(tokens for _, tokens in replica.sent.values())
+        return replica.load_tokens + sent + sum(tokens for _, tokens in replica.reserved.values())
 
 
 _placements: dict[tuple[str, Role], PoolPlacement] = {}

@@ -119,6 +119,9 @@ class ServeEngineClient:
         )
         if decision == "remote" and prefill is not None:
             request.replicas["prefill"] = prefill.place(request).replica
+        if "decode" in request.replicas:  # it runs there, one token a step, once prefilled
+            load = 1 if decision == "remote" else len(request.prompt_token_ids) - cached_tokens
+            decode.reserve(request.replicas["decode"], request, load)
         return decision, reason
 
     async def _run(
@@ -154,11 +157,12 @@ class ServeEngineClient:
                     yield chunk
             finally:
                 stream.cancel()
-                self._ended("decode", request)
                 if lease is not None:  # ended before a decode replica took the KV
                     self._release.remote(request, lease)
         except RayTaskError as error:  # the replica's own exception, e.g. a RequestError
             raise error.cause from None
+        finally:  # its decode call, or the reservation for it
+            self._ended("decode", request)
 
     async def _remote_prefill(self, request: GenerateRequest) -> PrefillResult | None:
         """The prefill replica's result; None if that replica was lost, so the request prefills

@@ -13,6 +13,7 @@ from pdserve.router.dispatch.placement import (
     FORGET_S,
     HOT_S,
     RECENT_S,
+    RESERVED_S,
     STALE_S,
     PoolPlacement,
 )
@@ -330,3 +331,42 @@ def test_calls_at_a_replica_that_left_the_pool_are_orphaned_until_they_end(clock
     assert placement.orphaned("on-a") and placement.orphaned("on-b")
     placement.ended("on-a")
     assert not placement.orphaned("on-a") and placement.orphaned("on-b")
+
+
+def test_a_burst_of_remote_prefills_spreads_over_the_decode_replicas(clock: Clock) -> None:
+    # Six long prompts at once, each prefilling remotely: their decode calls are made only once
+    # prefilled, so the replicas' reports show none of them; the reservations spread them.
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    placed = []
+    for i in range(6):
+        request = _request([100 + i] * 160, f"r{i}")
+        replica = placement.place(request).replica
+        placement.reserve(replica, request, load_tokens=1)
+        placed.append(replica)
+    assert collections.Counter(placed) == {"a": 3, "b": 3}
+    clock.now += 1.0  # reports made after the placements, before any call: still reserved
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    assert {name: view["load_tokens"] for name, view in placement.view().items()} == {
+        "a": 3,
+        "b": 3,
+    }
+
+
+def test_a_reservation_ends_when_its_call_is_sent_or_ends_or_is_never_made(
+    clock: Clock,
+) -> None:
+    placement = PoolPlacement("decode", BLOCK, clock=clock)
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    sent, failed, lost = (_request([i] * 48, name) for i, name in enumerate("sfl"))
+    for request in (sent, failed, lost):
+        placement.reserve("a", request, load_tokens=10)
+    assert placement.view()["a"]["load_tokens"] == 30
+    placement.sent("b", sent)  # routed elsewhere (its replica refused): load there instead
+    placement.ended("f")  # its prefill failed: no decode call
+    view = placement.view()
+    assert (view["a"]["load_tokens"], view["a"]["calls_reserved"]) == (10, 1)
+    assert view["b"]["load_tokens"] == 48
+    clock.now += RESERVED_S + 1  # the last never made (its stream was dropped unread)
+    placement.sync({"a": _stats(KVEventLog(), clock.now), "b": _stats(KVEventLog(), clock.now)})
+    assert placement.view()["a"]["load_tokens"] == 0
