@@ -234,6 +234,16 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Linear) and not module.quantized:
                 module.pack()
 
+    def fp32_linear_weights(self) -> list[torch.Tensor]:
+        """Every fp32 linear's weight [out, in], as the native few-row products read it."""
+        return [
+            module.weight
+            for module in self.modules()
+            if isinstance(module, Linear)
+            and not module.quantized
+            and module.weight.dtype == torch.float32
+        ]
+
     def quantize_linear_weights(self) -> list[str]:
         """Every linear's weight (the LM head's too) as int8 Q8_0 blocks (``Linear.quantize``);
         the names of those whose rows do not split into blocks, left as they were."""

@@ -11,9 +11,11 @@ compiled at run time.
 import contextlib
 import functools
 import logging
+import math
 import os
 import platform
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,6 +150,37 @@ def linear(
     """``F.linear(x, W, bias)``, W a contiguous [out, in]: ``weight`` in fp32, or int8 Q8_0
     values with their ``scales`` [out, in / 32] (``engine/quantization.py``)."""
     return torch.ops.pdserve.linear(x, weight, scales, bias)
+
+
+def set_f32_rows_alone(alone: bool) -> bool:
+    """Whether this process's few-row fp32 products read W a row at a time from now on (else
+    several rows side by side: linear.cpp); returns the setting it replaces."""
+    return torch.ops.pdserve.set_f32_rows_alone(alone)
+
+
+def choose_f32_row_reads(weights: list[torch.Tensor], rounds: int = 3) -> bool:
+    """Times a one-row product over each of ``weights`` (a model's fp32 linears, [out, in]) with
+    W's rows read one at a time and side by side, in ``rounds`` alternating rounds, and has the
+    faster serve this process's few-row products (which CPU reads which way faster: linear.cpp).
+    Both give the same bits. Returns whether W's rows are read one at a time."""
+    rows = {w.shape[1]: torch.zeros(1, w.shape[1]) for w in weights}
+    best = {True: math.inf, False: math.inf}
+    for round_ in range(rounds):
+        for alone in (True, False) if round_ % 2 == 0 else (False, True):
+            set_f32_rows_alone(alone)
+            start = time.perf_counter()
+            for w in weights:
+                torch.ops.pdserve.linear(rows[w.shape[1]], w, None, None)
+            best[alone] = min(best[alone], time.perf_counter() - start)
+    alone = best[True] <= best[False]
+    set_f32_rows_alone(alone)
+    logger.info(
+        "fp32 products of one row read W %s: %.1f ms a pass, against %.1f ms %s",
+        *("a row at a time", best[True], best[False], "side by side")
+        if alone
+        else ("rows side by side", best[False], best[True], "a row at a time"),
+    )
+    return alone
 
 
 def add_rms_norm_(

@@ -5,10 +5,12 @@
 // x's rows 4 or 8 at a time while its rows of W stay in cache: W is read from memory once per
 // call. A few rows (a decode step) are bound by that read; many (a prompt) by the arithmetic,
 // where oneDNN is faster over fp32 weights (engine/linear.py chooses). Rows of W are read several
-// side by side, each of x's loads shared by them, but for one group of x's rows over fp32 weights:
-// there W's rows go one after another, front to back, one stream the hardware's prefetcher
-// follows. Either way a sum runs in one order, so a row of y has the same bits whatever else is
-// in the batch.
+// side by side, each of x's loads shared by them, a line ahead asked for; for one group of x's
+// rows over fp32 weights the process may instead read W's rows one after another, front to back,
+// one stream the hardware's prefetcher follows: faster on AMD's Zen 4, slower on Intel's Sapphire
+// Rapids, so kernels/native.py times both on the model's weights and sets the faster
+// (set_f32_rows_alone). Either way a sum runs in one order, so a row of y has the same bits
+// whatever else is in the batch, and whichever way W is read.
 
 #include <immintrin.h>
 
@@ -25,7 +27,9 @@
 
 namespace pdserve_cpu {
 
-constexpr int64_t kFewChunk = 256;  // W rows a thread takes at a time, for one group of x rows
+// W rows a thread takes at a time, for one group of x rows: small enough that a 768-row product
+// splits evenly over 2 threads (256 left one thread a third of its rows more).
+constexpr int64_t kFewChunk = 64;
 constexpr int64_t kManyChunk = 64;  // ... for several groups: the chunk stays in L2 between them
 // How far ahead in W its lines are asked for, by weight type: int8 rows are short, and at 1024
 // bytes a 1-row product of SmolLM2's int8 weights took 1.3-1.5x as long (a standalone loop test).
@@ -84,12 +88,16 @@ inline float lane_sum(vec v) {
   return (four[0] + four[2]) + (four[1] + four[3]);
 }
 
+// Whether one group of x's rows reads fp32 W a row at a time (set_f32_rows_alone).
+std::atomic<bool> f32_rows_alone{true};
+
 // W's rows in fp32.
 struct F32Weights {
   // x's rows multiplied together, one accumulator each per row of W: beside more, their loads
   // outweigh the multiply-adds.
   static constexpr int64_t kGroupRows = 4;
-  static constexpr bool kReadAlone = true;  // when memory bound: one group of x's rows
+  // When memory bound (one group of x's rows): W a row at a time, if this CPU reads it faster so.
+  static bool reads_alone() { return f32_rows_alone.load(std::memory_order_relaxed); }
   const float* w;
   int64_t in;
   vec load_lanes(int64_t o, int64_t i) const { return load(w + o * in + i); }
@@ -107,7 +115,7 @@ struct F32Weights {
 struct Q8Weights {
   // Each 16 weights' conversion is shared by 8 of x's rows (at 4, 8-16 rows took twice as long).
   static constexpr int64_t kGroupRows = 8;
-  static constexpr bool kReadAlone = false;  // an int8 row alone took twice as long
+  static bool reads_alone() { return false; }  // an int8 row alone took twice as long
   const int8_t* q;
   const float* scales;
   int64_t in;
@@ -171,7 +179,7 @@ void rows(const float* x, int64_t sx, const W& w, int64_t in, float* y, int64_t 
 template <typename W>
 void chunk_product(const float* x, int64_t sx, int64_t num_rows, const W& w, int64_t in,
                    int64_t out, float* y, int64_t begin, int64_t end) {
-  const bool alone = W::kReadAlone && num_rows <= W::kGroupRows;
+  const bool alone = num_rows <= W::kGroupRows && W::reads_alone();
   for (int64_t t = 0; t < num_rows; t += W::kGroupRows) {
     const float* xt = x + t * sx;
     float* yt = y + t * out;
@@ -231,10 +239,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   return y;
 }
 
+bool set_f32_rows_alone(bool alone) { return f32_rows_alone.exchange(alone); }  // the last
+
 }  // namespace pdserve_cpu
 
 TORCH_LIBRARY_FRAGMENT(pdserve, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? scales, Tensor? bias) -> Tensor");
+  // No tensor to dispatch on: a kernel for every backend.
+  m.def("set_f32_rows_alone(bool alone) -> bool", &pdserve_cpu::set_f32_rows_alone);
 }
 
 TORCH_LIBRARY_IMPL(pdserve, CPU, m) { m.impl("linear", &pdserve_cpu::linear); }

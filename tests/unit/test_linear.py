@@ -3,6 +3,7 @@ each serves its row counts; the loader packs fp32 weights or quantizes them all;
 CPU's bf16 instructions is a warning at load."""
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -60,12 +61,21 @@ def test_native_product_equals_mkl(
     torch.testing.assert_close(out, expected, rtol=0, atol=PACKED_ATOL)
 
 
+@pytest.fixture(params=[True, False], ids=["rows-alone", "rows-side-by-side"])
+def f32_rows_alone(native_ops: ModuleType, request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Each way one group of x's rows reads fp32 W, for one test; the process's way after it."""
+    before = native_ops.set_f32_rows_alone(request.param)
+    yield request.param
+    native_ops.set_f32_rows_alone(before)
+
+
 # A decode step's rows as the engine batches them: alone, in one group of x's rows (fp32 W read a
-# row at a time), in several (W's rows side by side). Greedy output must not depend on the batch.
+# row at a time or rows side by side, as this CPU reads faster), in several (W's rows side by
+# side). Greedy output must depend neither on the batch nor on the CPU's way.
 @pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("rows", [2, 4, 5, 8, 9, 16])
 def test_a_native_product_row_has_the_same_bits_in_any_batch(
-    native_ops: ModuleType, quantized: bool, rows: int
+    native_ops: ModuleType, f32_rows_alone: bool, quantized: bool, rows: int
 ) -> None:
     linear = _linear(576, 960, bias=False, seed=rows)
     assert not quantized or linear.quantize()
@@ -73,9 +83,44 @@ def test_a_native_product_row_has_the_same_bits_in_any_batch(
     x = torch.randn(rows, 576)
     with torch.inference_mode():
         batched = native_ops.linear(x, linear.weight, scales, None)
+        native_ops.set_f32_rows_alone(not f32_rows_alone)  # the rows alone read the other way
         for row in range(rows):
             alone = native_ops.linear(x[row : row + 1], linear.weight, scales, None)
             assert torch.equal(alone[0], batched[row]), row
+
+
+@pytest.mark.parametrize("faster_alone", [True, False])
+def test_w_is_read_the_way_a_pass_over_the_weights_timed_faster(
+    native_ops: ModuleType, f32_rows_alone: bool, faster_alone: bool, monkeypatch
+) -> None:
+    """The choice follows the timings (a clock on which the slower way's pass takes 3x as long),
+    and the process reads W that way after it."""
+    mode, now, real_set = {"alone": f32_rows_alone}, [0.0], native_ops.set_f32_rows_alone
+
+    def set_mode(alone: bool) -> bool:
+        mode["alone"] = alone
+        return real_set(alone)
+
+    def clock() -> float:
+        now[0] += 1.0 if mode["alone"] == faster_alone else 3.0
+        return now[0]
+
+    monkeypatch.setattr(native_ops, "set_f32_rows_alone", set_mode)
+    monkeypatch.setattr(native_ops.time, "perf_counter", clock)
+    weights = [torch.randn(64, 32), torch.randn(16, 48)]
+    assert native_ops.choose_f32_row_reads(weights) is faster_alone
+    assert real_set(f32_rows_alone) is faster_alone
+
+
+def test_the_loader_times_both_ways_over_the_model_s_fp32_linears(
+    native_ops: ModuleType, f32_rows_alone: bool, tiny_model_dir: Path, caplog
+) -> None:
+    config = ModelConfig.from_pretrained(tiny_model_dir)
+    with caplog.at_level(logging.INFO, logger=native_ops.__name__):
+        model = load_model(tiny_model_dir, config, torch.float32, torch.device("cpu"))
+    assert len(model.fp32_linear_weights()) == 4 * config.num_hidden_layers + 1  # + LM head
+    (line,) = [r.getMessage() for r in caplog.records if "products of one row" in r.getMessage()]
+    assert "a row at a time" in line and "side by side" in line, line
 
 
 @pytest.mark.parametrize("bias", [False, True])
