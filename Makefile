@@ -75,8 +75,9 @@ test-deps:
 		echo "openssh-server or rsync is not installed: the multihost tests will skip"
 
 # Two streams side by side. One: the multihost tests (their Ray clusters on test hosts with a /tmp
-# of their own), then the tests without Ray on two workers (pytest-xdist, one file each at a time).
-# The other: the tests on this machine's Ray, in order (`pdserve serve`'s own clusters, then the
+# of their own), then on two workers (pytest-xdist, one file each at a time) the tests without Ray
+# and those whose Ray cluster has a temp folder of its own (marker ray_apart: `pdserve serve`).
+# The other: the tests on this machine's Ray in /tmp/ray, in order (clusters of their own, then the
 # session's); it reports as it goes, the first when both are done. Either alone leaves the cores
 # idle about half the time (start-ups, scrapes, planner intervals).
 # Ray starts its workers (the replicas) at niceness 15: beside the other run's busy process, at 0,
@@ -89,12 +90,13 @@ test: lint test-deps
 	@rest_log=$$(mktemp); start=$$(date +%s); \
 	{ $(PY) -m pytest -q -m "multihost and not node_autoscaling" --durations=6 tests; \
 		hosts_status=$$?; echo "the multihost tests: $$(($$(date +%s) - start)) s"; \
-		$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not real_model" \
+		$(PY) -m pytest -q -n 2 --dist loadfile -m "(not ray or ray_apart) and not real_model" \
 		--durations=25 tests; status=$$?; \
 		echo "the multihost tests, then the tests without Ray: $$(($$(date +%s) - start)) s"; \
 		[ $$hosts_status = 0 ] && [ $$status = 0 ]; } > $$rest_log 2>&1 & \
 	rest=$$!; \
-	$(PY) -m pytest -q -m "ray and not multihost and not real_model" --durations=25 tests; \
+	$(PY) -m pytest -q -m "ray and not multihost and not ray_apart and not real_model" \
+		--durations=25 tests; \
 	ray_status=$$?; ray_s=$$(($$(date +%s) - start)); \
 	wait $$rest; rest_status=$$?; \
 	echo "--- the multihost tests, then the tests without Ray ---"; cat $$rest_log; rm -f $$rest_log; \

@@ -2,9 +2,10 @@
 
 ``PrometheusServer`` is ``pdserve serve --prometheus``: the real ``prometheus`` binary (Debian
 package ``prometheus``) with ``deploy/prometheus/prometheus.yml``, which scrapes every Ray node's
-metrics agent through the service-discovery file Ray's dashboard writes. Its data lives in a
-temporary directory, gone when it stops: a cluster that outlives one ``pdserve serve`` wants a
-Prometheus of its own (deploy/README.md).
+metrics agent through the service-discovery file Ray's dashboard writes in Ray's temp folder
+(``/tmp/ray``, or where ``RAY_TMPDIR`` put it: the config is then rewritten to read it there).
+Its data lives in a temporary directory, gone when it stops: a cluster that outlives one
+``pdserve serve`` wants a Prometheus of its own (deploy/README.md).
 
 ``PrometheusAPI`` reads any Prometheus (PromQL instant queries, metric names) for the planner,
 ``pdserve bench ramp`` and the tests.
@@ -19,6 +20,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import yaml
 
 from pdserve.cluster.child_process import die_with_parent
 from pdserve.cluster.readiness import end, wait_ready
@@ -54,10 +57,16 @@ def prometheus_binary() -> str:
 class PrometheusServer:
     """A running ``prometheus``; ``stop`` ends it and removes its data."""
 
-    def __init__(self, port: int = DEFAULT_PROMETHEUS_PORT, config: Path = CONFIG) -> None:
+    def __init__(
+        self, port: int = DEFAULT_PROMETHEUS_PORT, config: Path = CONFIG, ray_temp_dir: str = ""
+    ) -> None:
+        """``ray_temp_dir``: the folder where Ray writes the service-discovery file, if not the
+        one ``config`` names."""
         self.port = port
         self.url = local_url(port)
         self._data = tempfile.mkdtemp(prefix="pdserve-prometheus-")
+        if ray_temp_dir:
+            config = config_reading_ray_files_in(config, Path(ray_temp_dir), Path(self._data))
         self._log = open(Path(self._data) / "prometheus.log", "wb")  # noqa: SIM115
         self._process = subprocess.Popen(
             [
@@ -88,6 +97,19 @@ class PrometheusServer:
         end(self._process, STOP_TIMEOUT_S)
         self._log.close()
         shutil.rmtree(self._data, ignore_errors=True)
+
+
+def config_reading_ray_files_in(config: Path, ray_temp_dir: Path, folder: Path) -> Path:
+    """A copy of ``config`` in ``folder`` whose scrapes read Ray's service-discovery files from
+    ``ray_temp_dir`` and whose rule files are those beside ``config``."""
+    settings = yaml.safe_load(config.read_text())
+    settings["rule_files"] = [str(config.parent / rules) for rules in settings["rule_files"]]
+    for job in settings["scrape_configs"]:
+        for discovery in job.get("file_sd_configs", []):
+            discovery["files"] = [str(ray_temp_dir / Path(f).name) for f in discovery["files"]]
+    copy = folder / config.name
+    copy.write_text(yaml.safe_dump(settings, sort_keys=False))
+    return copy
 
 
 class Series(NamedTuple):

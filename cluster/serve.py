@@ -35,6 +35,7 @@ from pdserve.serving.config import (
     DEFAULT_PROMETHEUS_PORT,
     ClusterConfig,
 )
+from pdserve.serving.ray_compat import ray_temp_dir
 
 APP_NAME = "pdserve"
 GRPC_SERVICER = "pdserve.router.api.grpc_service.add_GenerationServicer_to_server"
@@ -360,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
                 access_log=args.gateway_access_log,
             )
         if with_prometheus:
-            prometheus = PrometheusServer(args.prometheus_port)
+            prometheus = PrometheusServer(args.prometheus_port, ray_temp_dir=ray_temp_dir())
         names = ", ".join(m.name for m in config.models)
         print(f"pdserve: serving {names}", flush=True)
         print(f"  HTTP (OpenAI): http://localhost:{config.http_port}/v1", flush=True)

@@ -5,7 +5,8 @@ Written against ``RAY_VERSION``, the ray pyproject pins. What it reaches: Serve'
 (the controller's actor, its ``update_deployment_replicas`` and ``get_target_groups``, how
 replica actors are named, the settings Serve read when imported), Serve's alpha APIs (the
 request router, a handle's ``broadcast``), the autoscaler's config check for ``ray up`` files,
-and a metric's own record call (to export a counter at 0).
+a metric's own record call (to export a counter at 0), and the temp folder of the node this
+process is connected to.
 
 Importing this module imports no part of Ray: ``cluster/serve_env.py`` reads Serve's settings
 through it before anything may import ``ray.serve``. So each function imports what it uses, and
@@ -36,6 +37,7 @@ __all__ = [
     "broadcast",
     "http_ingress_targets",
     "kill_replica_actor",
+    "ray_temp_dir",
     "record_zero",
     "replica_actors",
     "serve_throughput_optimized",
@@ -153,3 +155,12 @@ def record_zero(counter: Any, tags: dict[str, str]) -> None:
     """Records 0 in a ``ray.util.metrics.Counter`` for ``tags``, which ``inc`` refuses: Ray's
     metrics agent then exports that series at 0 until it is first counted."""
     counter._record(0, tags)
+
+
+def ray_temp_dir() -> str:
+    """The temp folder of the Ray node this process is connected to (``/tmp/ray`` unless
+    ``RAY_TMPDIR`` or ``--temp-dir`` moved it): where Ray's dashboard writes the file that lists
+    the nodes' metrics agents for Prometheus."""
+    import ray._private.worker
+
+    return ray._private.worker._global_node.get_temp_dir_path()

@@ -78,11 +78,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order) and the rest side by side, the rest in the Ray tests' waits (start-ups, scrapes,
     planner intervals).
 
-    Tests that start a Ray cluster of their own (``pdserve serve`` as a user runs it) go first,
-    before the session's cluster exists: two clusters at once would share Ray's files in /tmp/ray
-    (Prometheus' service-discovery file among them). The multihost tests' clusters have a /tmp of
-    their own: ``make test`` runs them beside the session's. The tests of ``shared_app`` come
-    next, so that one deployment serves them all."""
+    Tests that start a Ray cluster of their own go first, before the session's cluster exists:
+    two clusters at once would share Ray's files in /tmp/ray (Prometheus' service-discovery file
+    among them). ``make test`` runs beside the session's cluster those whose cluster has a temp
+    folder of its own (``ray_apart``: ``pdserve serve`` as a user runs it) and the multihost
+    tests, whose test hosts have a /tmp of their own. The tests of ``shared_app`` come next, so
+    that one deployment serves them all."""
     items.sort(
         key=lambda item: (
             not item.get_closest_marker("own_ray_cluster"),

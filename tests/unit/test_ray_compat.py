@@ -56,6 +56,8 @@ USED = {
     "ray.serve.handle": ["DeploymentHandle.broadcast", "DeploymentBroadcastResponse.results"],
     "ray.autoscaler._private.util": ["prepare_config", "validate_config"],
     "ray.util.metrics": ["Metric._record"],
+    "ray._private.worker": ["_global_node"],
+    "ray._private.node": ["Node.get_temp_dir_path"],
 }
 
 
