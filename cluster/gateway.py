@@ -27,7 +27,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 
-from pdserve.cluster.child_process import die_with_parent
+from pdserve.cluster.child_process import dying_with_parent
 from pdserve.cluster.ports import ANY_HOST, LOOPBACK
 from pdserve.cluster.readiness import end, wait_ready
 from pdserve.router.api.chat import CHAT
@@ -257,10 +257,9 @@ class Gateway:
         self._log = open(log, "wb")  # noqa: SIM115
         command = [haproxy_binary(), "-W", "-db", "-f", str(self._config)]
         self._process = subprocess.Popen(
-            command,
+            dying_with_parent(command),
             stdout=self._log if self._access is None else self._access,
             stderr=self._log,
-            preexec_fn=die_with_parent,
         )
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="gateway", daemon=True)

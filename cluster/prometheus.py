@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from pdserve.cluster.child_process import die_with_parent
+from pdserve.cluster.child_process import dying_with_parent
 from pdserve.cluster.readiness import end, wait_ready
 from pdserve.serving.config import DEFAULT_PROMETHEUS_PORT
 
@@ -69,16 +69,17 @@ class PrometheusServer:
             config = config_reading_ray_files_in(config, Path(ray_temp_dir), Path(self._data))
         self._log = open(Path(self._data) / "prometheus.log", "wb")  # noqa: SIM115
         self._process = subprocess.Popen(
-            [
-                prometheus_binary(),
-                f"--config.file={config}",
-                f"--storage.tsdb.path={self._data}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--web.enable-lifecycle",
-            ],
+            dying_with_parent(
+                [
+                    prometheus_binary(),
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self._data}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--web.enable-lifecycle",
+                ]
+            ),
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
         )
         try:
             wait_ready(
