@@ -174,11 +174,13 @@ def choose_f32_row_reads(weights: list[torch.Tensor], rounds: int = 3) -> bool:
             best[alone] = min(best[alone], time.perf_counter() - start)
     alone = best[True] <= best[False]
     set_f32_rows_alone(alone)
+    ways = {True: "a row at a time", False: "rows side by side"}
     logger.info(
-        "fp32 products of one row read W %s: %.1f ms a pass, against %.1f ms %s",
-        *("a row at a time", best[True], best[False], "side by side")
-        if alone
-        else ("rows side by side", best[False], best[True], "a row at a time"),
+        "fp32 products of one row read W %s: %.1f ms a pass over the weights (%s: %.1f ms)",
+        ways[alone],
+        best[alone] * 1e3,
+        ways[not alone],
+        best[not alone] * 1e3,
     )
     return alone
 

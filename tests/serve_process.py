@@ -25,7 +25,7 @@ def ray_apart() -> Iterator[dict[str, str]]:
     session's: its temp folder of its own (``/tmp/ray`` holds a cluster's files, its nodes'
     list for Prometheus among them; short, for Ray's socket paths) and its own auth token (Ray
     writes ``~/.ray/auth_token`` where none is: two clusters starting at once could each write
-    theirs, and one would then refuse its own processes). Its processes name the folder."""
+    theirs, and one would then refuse its own processes). Its processes inherit this environment."""
     folder = tempfile.mkdtemp(prefix="ray-apart-", dir="/tmp")
     try:
         yield {"RAY_TMPDIR": folder, "TMPDIR": folder, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
