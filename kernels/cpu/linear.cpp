@@ -239,7 +239,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   return y;
 }
 
-bool set_f32_rows_alone(bool alone) { return f32_rows_alone.exchange(alone); }  // the last
+// Sets the way for the process; returns the way it replaces.
+bool set_f32_rows_alone(bool alone) { return f32_rows_alone.exchange(alone); }
 
 }  // namespace pdserve_cpu
 
