@@ -29,7 +29,7 @@ WHEELS ?= /opt/wheels
 FIND_LINKS = $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 UV_INSTALL = UV_LINK_MODE=copy $(UV) pip install -q --python $(PY) $(FIND_LINKS)
 
-.PHONY: setup lock test test-fast test-newest test-real-model test-node-autoscaling smollm2-reference test-deps lint serve demo model clean
+.PHONY: setup lock test test-fast test-newest test-real-model test-node-autoscaling references test-deps lint serve demo model clean
 
 # A fresh environment, exactly the lock: a changed lock is a new environment, not an upgrade of
 # the old one, so nothing the lock dropped stays behind.
@@ -90,7 +90,7 @@ test: lint test-deps
 	@rest_log=$$(mktemp); start=$$(date +%s); \
 	{ $(PY) -m pytest -q -m "multihost and not node_autoscaling" --durations=6 tests; \
 		hosts_status=$$?; echo "the multihost tests: $$(($$(date +%s) - start)) s"; \
-		$(PY) -m pytest -q -n 2 --dist loadfile -m "(not ray or ray_apart) and not real_model" \
+		$(PY) -m pytest -q -n 2 --dist loadfile -m "(not ray or ray_apart) and not real_model and not transformers_anew" \
 		--durations=25 tests; status=$$?; \
 		echo "the multihost tests, then the tests without Ray: $$(($$(date +%s) - start)) s"; \
 		[ $$hosts_status = 0 ] && [ $$status = 0 ]; } > $$rest_log 2>&1 & \
@@ -103,13 +103,13 @@ test: lint test-deps
 	echo "the tests on this machine's Ray: $$ray_s s"; \
 	[ $$ray_status = 0 ] && [ $$rest_status = 0 ]
 
-# The real model's long checks (marker real_model): SmolLM2's parity prompts through a
+# The long checks (markers real_model, transformers_anew): SmolLM2's parity prompts through a
 # disaggregated `pdserve serve`, its streams through a decode replica's kill, and transformers run
-# anew against its recorded tokens (make test holds pdserve to the record), minutes on two cores;
-# run before resolving a real-model change.
+# anew against its recorded tokens, SmolLM2's and the tiny model's (make test holds pdserve to the
+# records), minutes on two cores; run before resolving a change to the models or the engine.
 test-real-model: export OMP_WAIT_POLICY = PASSIVE
 test-real-model: setup
-	RAY_worker_niceness=0 $(PY) -m pytest -q -m real_model tests
+	RAY_worker_niceness=0 $(PY) -m pytest -q -m "real_model or transformers_anew" tests
 
 # Ray's autoscaler adding a test host for a replica that does not fit and removing it once idle
 # (marker node_autoscaling, tests/multihost): minutes on two cores; run before changing the
@@ -118,11 +118,12 @@ test-node-autoscaling: export OMP_WAIT_POLICY = PASSIVE
 test-node-autoscaling: setup test-deps
 	RAY_worker_niceness=0 $(PY) -m pytest -q -s -m node_autoscaling tests
 
-# Records transformers' greedy tokens on SmolLM2's parity prompts again (tests/data/), after the
-# prompts, the model wheel or the locked transformers changed.
-smollm2-reference: export OMP_WAIT_POLICY = PASSIVE
-smollm2-reference: setup
+# Records transformers' greedy tokens again (tests/data/: SmolLM2's parity prompts, the tiny
+# model's batching workload), after the prompts, the models or the locked transformers changed.
+references: export OMP_WAIT_POLICY = PASSIVE
+references: setup
 	$(PY) -m pdserve.tests.smollm2_reference
+	$(PY) -m pdserve.tests.tiny_reference
 
 # Unit tests without the slow ones: no Ray, for constant use (a minute on two cores).
 test-fast: export OMP_WAIT_POLICY = PASSIVE

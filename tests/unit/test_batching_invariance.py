@@ -1,37 +1,29 @@
 """Greedy output does not depend on how requests are batched, chunked, preempted or cached.
 
 64 requests of random token ids (prompt lengths 1..512, output lengths 1..200) must produce exactly
-the tokens transformers produces for each prompt run alone, whether the engine runs them one at a
-time, all at once, under a small or large token budget, under a KV budget so small that requests
-are preempted and recomputed, or with the prefix cache off.
+the tokens transformers produces for each prompt run alone (as recorded: ``tiny_reference``),
+whether the engine runs them one at a time, all at once, under a small or large token budget,
+under a KV budget so small that requests are preempted and recomputed, or with the prefix cache
+off.
 """
 
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-import torch
 
 from pdserve import LLM, SamplingParams
-from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.outputs import RequestOutput
 from pdserve.tests.hf_reference import hf_greedy
+from pdserve.tests.tiny_reference import NUM_REQUESTS, Workload, batching_workload, recorded
 
 pytestmark = pytest.mark.slow
 
-NUM_REQUESTS = 64
-MIN_PROMPT_LEN, MAX_PROMPT_LEN = 1, 512
-MIN_OUTPUT_LEN, MAX_OUTPUT_LEN = 1, 200
 BLOCK_SIZE = 16
-SEED = 0
 MIN_PREEMPTIONS = 20
 # Blocks beyond the largest single request: it fits alone; all 64 together need ~30 times more.
 PREEMPTION_SPARE_BLOCKS = 3
-
-# (prompt token ids, number of output tokens) per request.
-Workload = list[tuple[list[int], int]]
 
 
 def _blocks(num_tokens: int) -> int:
@@ -40,27 +32,25 @@ def _blocks(num_tokens: int) -> int:
 
 @pytest.fixture(scope="module")
 def workload(tiny_model_dir: Path) -> Workload:
-    """Lengths evenly spread over both ranges (ends included), paired and ordered at random."""
-    vocab_size = ModelConfig.from_pretrained(tiny_model_dir).vocab_size
-    g = torch.Generator().manual_seed(SEED)
-    prompt_lens = torch.linspace(MIN_PROMPT_LEN, MAX_PROMPT_LEN, NUM_REQUESTS).round().long()
-    output_lens = torch.linspace(MIN_OUTPUT_LEN, MAX_OUTPUT_LEN, NUM_REQUESTS).round().long()
-    prompt_lens = prompt_lens[torch.randperm(NUM_REQUESTS, generator=g)].tolist()
-    output_lens = output_lens[torch.randperm(NUM_REQUESTS, generator=g)].tolist()
-    return [
-        (torch.randint(0, vocab_size, (n,), generator=g).tolist(), m)
-        for n, m in zip(prompt_lens, output_lens, strict=True)
-    ]
+    return batching_workload(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path, workload: Workload) -> list[list[int]]:
-    """transformers' greedy tokens for each prompt run alone (batch of one, no padding)."""
-    start = time.perf_counter()
-    outputs = hf_greedy(tiny_model_dir, workload)
-    print(f"\ntransformers reference: {time.perf_counter() - start:.1f}s")
+    """transformers' greedy tokens for each prompt run alone (batch of one, no padding), as
+    recorded (``tiny_reference``)."""
+    outputs = recorded(tiny_model_dir, workload)
     assert [len(o) for o in outputs] == [n for _, n in workload]
     return outputs
+
+
+@pytest.mark.transformers_anew
+def test_the_record_is_transformers_own(tiny_model_dir: Path, workload: Workload) -> None:
+    made = hf_greedy(tiny_model_dir, workload)
+    for i, (theirs, expected) in enumerate(
+        zip(made, recorded(tiny_model_dir, workload), strict=True)
+    ):
+        assert theirs == expected, f"request {i}: transformers now says otherwise"
 
 
 @pytest.fixture(scope="module")

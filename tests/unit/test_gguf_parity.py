@@ -2,8 +2,8 @@
 
 pdserve's greedy tokens equal transformers' GGUF load of the same file, both in fp32, on 16
 prompts of 8 to 1,500 tokens, raw text and chat-templated, 64 tokens each (``smollm2_prompts``):
-make test holds them to transformers' recorded tokens, make test-real-model runs transformers
-anew against the record (``smollm2_reference``); run again from the prefix cache and with too few
+make test holds them to transformers' recorded tokens, its record's own test runs transformers
+anew against it (``smollm2_reference``); run again from the prefix cache and with too few
 KV blocks (preempted), they stay the same; and the model answers. Skipped where the wheel is not
 installed.
 """
@@ -69,7 +69,7 @@ def test_greedy_tokens_equal_transformers_recorded(
 
 
 # transformers' run of the 16 prompts, one token at a time: minutes on two cores.
-@pytest.mark.real_model
+@pytest.mark.transformers_anew
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_record_is_transformers_own(smollm2: Path) -> None:
