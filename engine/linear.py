@@ -1,7 +1,11 @@
 """A linear layer for CPU decoding: a native kernel for a few rows, oneDNN over a packed weight
-for more; or int8 weights (``--quantization int8``) in the native kernel for every row count."""
+for more; or int8 weights (``--quantization int8``) in the native kernel, and for a prompt's many
+rows, where this CPU runs them faster so, MKL's product over the weight dequantized."""
 
+import logging
+import math
 import os
+import time
 
 import torch
 from torch import nn
@@ -9,6 +13,8 @@ from torch.nn import functional as F
 
 from pdserve.engine.quantization import dequantize_q8_0, quantizable, quantize_q8_0
 from pdserve.kernels import native
+
+logger = logging.getLogger(__name__)
 
 # oneDNN makes a primitive for each shape of product it runs, one per row count a step brings
 # for each shape of weight, and keeps them in two caches (oneDNN's and torch's ideep's) of 1,024
@@ -40,6 +46,13 @@ def native_bf16_products(device: torch.device) -> bool:
     return device.type != "cpu" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+# The row counts of a prompt step at which int8 products are timed both ways at load, smallest
+# first (choose_q8_dequantize_rows), and the rows of each W timed (its first ones: the speed of a
+# product per row of W is what is compared, and a large model's whole layer would take seconds).
+Q8_TIMED_ROWS = (256, 1024)
+Q8_TIMED_W_ROWS = 512
+
+
 class Linear(nn.Module):
     """``y = x W^T + b`` like ``nn.Linear``, with W in its [out, in] layout, and on the CPU:
 
@@ -53,8 +66,10 @@ class Linear(nn.Module):
       MKL. The plain weight stays for the native products (and an embedding tied to it): the
       memory of a second copy buys the decode step its speed.
 
-    Or, after ``quantize``, W as llama.cpp's Q8_0 blocks (``engine/quantization.py``) in the
-    native kernel for any number of rows, its fp32 copy dropped.
+    Or, after ``quantize``, W as llama.cpp's Q8_0 blocks (``engine/quantization.py``), its fp32
+    copy dropped: in the native kernel, and from ``dequantize_from_rows`` rows on (a prompt's
+    hundreds, where the kernel is bound by arithmetic and MKL's blocking beats it on some CPUs:
+    ``choose_q8_dequantize_rows``) in MKL's product over W dequantized for the call.
 
     The figures behind each choice: docs/benchmarks.md, "Measurements behind the code's choices".
     """
@@ -68,6 +83,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: torch.Tensor | None = None  # oneDNN's opaque layout, once packed
         self.scales: torch.Tensor | None = None  # once quantized: the weight is int8 beside them
+        self.dequantize_from_rows: int | None = None  # int8 products of this many rows or more
 
     def pack(self) -> None:
         """Copies the weight into oneDNN's packed layout, for products of many rows."""
@@ -89,7 +105,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out]
         if self.quantized:
-            if native.serves(x):
+            many = self.dequantize_from_rows is not None and x.shape[0] >= self.dequantize_from_rows
+            if native.serves(x) and not many:
                 return native.linear(x, self.weight, self.scales, self.bias)
             return F.linear(x, dequantize_q8_0(self.weight, self.scales).to(x.dtype), self.bias)
         if x.shape[0] <= native.SMALL_LINEAR_MAX_ROWS and native.serves(x):
@@ -99,3 +116,41 @@ class Linear(nn.Module):
                 x, self.packed_weight, self.bias, "none", [], ""
             )
         return F.linear(x, self.weight, self.bias)
+
+
+def quantized_linears(module: nn.Module) -> list[Linear]:
+    """The linears in ``module`` whose weights are int8 (``Linear.quantize``)."""
+    return [m for m in module.modules() if isinstance(m, Linear) and m.quantized]
+
+
+def choose_q8_dequantize_rows(linears: list[Linear], rounds: int = 3) -> int | None:
+    """Times int8 products over ``linears`` (a layer's quantized ones: their first
+    ``Q8_TIMED_W_ROWS`` rows of W) at each of ``Q8_TIMED_ROWS`` rows, in the native kernel and as
+    MKL's product over W dequantized, in ``rounds`` alternating rounds. Returns the fewest rows at
+    which the dequantized product was faster, or None where the kernel was faster at every count:
+    from there on, ``Linear.dequantize_from_rows``."""
+    weights = [(ln.weight[:Q8_TIMED_W_ROWS], ln.scales[:Q8_TIMED_W_ROWS]) for ln in linears]
+    ways = {
+        "native": lambda x, q, scales: native.linear(x, q, scales, None),
+        "dequantized": lambda x, q, scales: F.linear(x, dequantize_q8_0(q, scales)),
+    }
+    chosen, seen = None, []
+    for rows in Q8_TIMED_ROWS:
+        xs = {q.shape[1]: torch.zeros(rows, q.shape[1]) for q, _ in weights}
+        best = {way: math.inf for way in ways}
+        for round_ in range(rounds):
+            for way in ways if round_ % 2 == 0 else reversed(ways):
+                start = time.perf_counter()
+                for q, scales in weights:
+                    ways[way](xs[q.shape[1]], q, scales)
+                best[way] = min(best[way], time.perf_counter() - start)
+        seen.append(f"{rows} rows {best['native'] * 1e3:.1f} / {best['dequantized'] * 1e3:.1f} ms")
+        if best["dequantized"] < best["native"]:
+            chosen = rows
+            break
+    logger.info(
+        "int8 products of %s rows run over W dequantized (native kernel / dequantized: %s)",
+        "no" if chosen is None else f"{chosen} or more",
+        ", ".join(seen),
+    )
+    return chosen

@@ -12,7 +12,11 @@ from tqdm import tqdm
 
 from pdserve.engine.checkpoint_format import gguf_file
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.linear import onednn_packing_helps
+from pdserve.engine.linear import (
+    choose_q8_dequantize_rows,
+    onednn_packing_helps,
+    quantized_linears,
+)
 from pdserve.engine.model import LlamaForCausalLM
 from pdserve.kernels import native
 
@@ -51,7 +55,8 @@ def load_model(
     """Builds the model without initialising weights, then copies every tensor from the files;
     quantizes the linear weights (``quantization``: "int8" or None), packs those left in fp32
     for oneDNN where that is faster (see ``onednn_packing_helps``), and has the native few-row
-    products read them the way this CPU reads them faster (``native.choose_f32_row_reads``)."""
+    products read them the way this CPU reads them faster (``native.choose_f32_row_reads``), the
+    int8 ones of many rows dequantize where that is faster (``choose_q8_dequantize_rows``)."""
     path = Path(path)
     total_bytes, tensors = _checkpoint_tensors(path, config)
     # Built on the device from uninitialised tensors (no module here initialises at random), not on
@@ -85,6 +90,11 @@ def load_model(
     fp32_weights = model.fp32_linear_weights()
     if fp32_weights and device.type == "cpu" and native.available():
         native.choose_f32_row_reads(fp32_weights)
+    quantized = quantized_linears(model)
+    if quantized and device.type == "cpu" and native.available():
+        rows = choose_q8_dequantize_rows(quantized_linears(model.model.layers[0]))
+        for linear in quantized:
+            linear.dequantize_from_rows = rows
     return model.eval()
 
 

@@ -149,15 +149,18 @@ class LlamaModel(nn.Module):
 
     def _native_decode(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether the native op runs the layers: a step of decodes only, in fp32 on the CPU, of
-        a few sequences (or any number over int8 weights: their products are native at every
-        size). It runs the same native ops as the layers' Python would, in one call (no GIL
-        hand-offs between ops, no interpreter time)."""
+        a few sequences (or over int8 weights, fewer than their products dequantize from:
+        ``Linear.dequantize_from_rows``). It runs the same native ops as the layers' Python would,
+        in one call (no GIL hand-offs between ops, no interpreter time)."""
         if meta.num_decodes != meta.num_seqs or not native.serves(x):
             return False
         weights = self._layer_weights()
         if weights.mixed:
             return False
-        return x.shape[0] <= native.NATIVE_DECODE_MAX_ROWS or bool(weights.scales)
+        if weights.scales:
+            many = self.layers[0].self_attn.qkv_proj.dequantize_from_rows
+            return many is None or x.shape[0] < many
+        return x.shape[0] <= native.NATIVE_DECODE_MAX_ROWS
 
     def _layer_weights(self) -> DecodeWeights:
         """The layers' weights for ``native.decode_layers``, gathered once (the loader copies

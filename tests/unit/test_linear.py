@@ -1,6 +1,7 @@
 """Linear: oneDNN's packed product and the native one (fp32, and int8 Q8_0 weights) equal MKL's;
-each serves its row counts; the loader packs fp32 weights or quantizes them all; bf16 without the
-CPU's bf16 instructions is a warning at load."""
+each serves its row counts (int8's many rows dequantized, from where the loader timed that way
+faster); the loader packs fp32 weights or quantizes them all; bf16 without the CPU's bf16
+instructions is a warning at load."""
 
 import logging
 from collections.abc import Iterator
@@ -10,8 +11,14 @@ from types import ModuleType
 import pytest
 import torch
 
+from pdserve.engine import linear as linear_module
 from pdserve.engine.config import EngineConfig, ModelConfig
-from pdserve.engine.linear import Linear, native_bf16_products, onednn_packing_helps
+from pdserve.engine.linear import (
+    Linear,
+    choose_q8_dequantize_rows,
+    native_bf16_products,
+    onednn_packing_helps,
+)
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.engine.loader import load_model
 from pdserve.engine.quantization import dequantize_q8_0, quantize_q8_0
@@ -141,6 +148,64 @@ def test_native_int8_product_equals_mkl_over_the_dequantized_weight(
             fallback = linear(x)
     torch.testing.assert_close(out, expected, rtol=0, atol=PACKED_ATOL)
     assert torch.equal(fallback, expected)
+
+
+@pytest.mark.parametrize("rows", [7, 8, 40])
+def test_int8_products_of_many_rows_run_over_the_weight_dequantized(
+    native_ops: ModuleType, rows: int
+) -> None:
+    linear = _linear(256, 384, bias=True, seed=rows)
+    assert linear.quantize()
+    linear.dequantize_from_rows = 8
+    x = torch.randn(rows, 256)
+    dequantized = dequantize_q8_0(linear.weight, linear.scales)
+    with torch.inference_mode():
+        out = linear(x)
+        mkl = torch.nn.functional.linear(x, dequantized, linear.bias)
+        kernel = native_ops.linear(x, linear.weight, linear.scales, linear.bias)
+    assert torch.equal(out, mkl if rows >= 8 else kernel)
+
+
+@pytest.mark.parametrize("faster_from", [256, 1024, None])
+def test_int8_products_dequantize_from_the_fewest_rows_timed_faster(
+    native_ops: ModuleType, faster_from: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The choice follows the timings: a clock on which a product takes 3x as long the slower
+    way, the dequantized way faster from ``faster_from`` rows on."""
+    last, now = {}, [0.0]
+    real_native, real_mkl = native_ops.linear, torch.nn.functional.linear
+
+    def run_native(x: torch.Tensor, *args: object) -> torch.Tensor:
+        last.update(dequantized=False, rows=x.shape[0])
+        return real_native(x, *args)
+
+    def run_mkl(x: torch.Tensor, *args: object) -> torch.Tensor:
+        last.update(dequantized=True, rows=x.shape[0])
+        return real_mkl(x, *args)
+
+    def clock() -> float:
+        if last:
+            faster = faster_from is not None and last["rows"] >= faster_from
+            now[0] += 1.0 if last["dequantized"] == faster else 3.0
+        return now[0]
+
+    monkeypatch.setattr(native_ops, "linear", run_native)
+    monkeypatch.setattr(linear_module.F, "linear", run_mkl)
+    monkeypatch.setattr(linear_module.time, "perf_counter", clock)
+    linears = [_linear(64, 32, bias=False, seed=0), _linear(96, 48, bias=False, seed=1)]
+    assert all(linear.quantize() for linear in linears)
+    assert choose_q8_dequantize_rows(linears) == faster_from
+
+
+def test_the_loader_times_int8_products_and_sets_every_linear(
+    native_ops: ModuleType, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = ModelConfig.from_pretrained(tiny_model_dir)
+    with caplog.at_level(logging.INFO, logger=linear_module.__name__):
+        model = load_model(tiny_model_dir, config, torch.float32, torch.device("cpu"), "int8")
+    (line,) = [r.getMessage() for r in caplog.records if "int8 products of" in r.getMessage()]
+    chosen = {m.dequantize_from_rows for m in model.modules() if isinstance(m, Linear)}
+    assert len(chosen) == 1 and ("no rows" in line) == (chosen == {None}), (line, chosen)
 
 
 def test_a_weight_of_partial_blocks_stays_fp32() -> None:
