@@ -15,17 +15,20 @@ def test_profile_writes_what_the_planner_reads(
 ) -> None:
     out = tmp_path / "profile.json"
     argv = ["profile", "--model", str(tiny_model_dir), "--out", str(out), "--threads", "1"]
-    argv += ["--prefill-tokens", "16", "512", "--decode-batches", "1", "16"]
+    # Grid points far apart in work (32 times the prompt, 64 times the sequences), so that their
+    # times are ordered however busy the cores are (16 decodes a step took less than one, once,
+    # on the tiny model beside make test's other runs).
+    argv += ["--prefill-tokens", "16", "512", "--decode-batches", "1", "64"]
     argv += ["--decode-contexts", "64", "256"]
     assert cli.main(argv) == 0
     profile = Profile.load(out)
     assert profile.model == tiny_model_dir.name and profile.meta["threads"] == 1
     assert [p.tokens for p in profile.prefill] == [16, 512]
-    assert profile.batches == [1, 16] and profile.contexts == [64, 256]
+    assert profile.batches == [1, 64] and profile.contexts == [64, 256]
     assert all(p.seconds > 0 for p in (*profile.prefill, *profile.decode))
-    # A 512-token prompt costs more than a 16-token one; 16 decodes a step more than one.
+    # A 512-token prompt costs more than a 16-token one; 64 decodes a step more than one.
     assert profile.prefill_seconds(512) > profile.prefill_seconds(16)
-    assert profile.decode_step_seconds(16, 256) > profile.decode_step_seconds(1, 256)
+    assert profile.decode_step_seconds(64, 256) > profile.decode_step_seconds(1, 256)
     pytest.importorskip("matplotlib")
     assert out.with_suffix(".png").stat().st_size > 0
 
