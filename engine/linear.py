@@ -2,10 +2,9 @@
 for more; or int8 weights (``--quantization int8``) in the native kernel, and for a prompt's many
 rows, where this CPU runs them faster so, MKL's product over the weight dequantized."""
 
+import functools
 import logging
-import math
 import os
-import time
 
 import torch
 from torch import nn
@@ -130,20 +129,19 @@ def choose_q8_dequantize_rows(linears: list[Linear], rounds: int = 3) -> int | N
     which the dequantized product was faster, or None where the kernel was faster at every count:
     from there on, ``Linear.dequantize_from_rows``."""
     weights = [(ln.weight[:Q8_TIMED_W_ROWS], ln.scales[:Q8_TIMED_W_ROWS]) for ln in linears]
-    ways = {
-        "native": lambda x, q, scales: native.linear(x, q, scales, None),
-        "dequantized": lambda x, q, scales: F.linear(x, dequantize_q8_0(q, scales)),
-    }
+
+    def one_pass(xs: dict[int, torch.Tensor], way: str) -> None:
+        for q, scales in weights:
+            if way == "dequantized":
+                F.linear(xs[q.shape[1]], dequantize_q8_0(q, scales))
+            else:
+                native.linear(xs[q.shape[1]], q, scales, None)
+
     chosen, seen = None, []
     for rows in Q8_TIMED_ROWS:
         xs = {q.shape[1]: torch.zeros(rows, q.shape[1]) for q, _ in weights}
-        best = {way: math.inf for way in ways}
-        for round_ in range(rounds):
-            for way in ways if round_ % 2 == 0 else reversed(ways):
-                start = time.perf_counter()
-                for q, scales in weights:
-                    ways[way](xs[q.shape[1]], q, scales)
-                best[way] = min(best[way], time.perf_counter() - start)
+        ways = {way: functools.partial(one_pass, xs, way) for way in ("native", "dequantized")}
+        best = native.best_times(ways, rounds)
         seen.append(f"{rows} rows {best['native'] * 1e3:.1f} / {best['dequantized'] * 1e3:.1f} ms")
         if best["dequantized"] < best["native"]:
             chosen = rows

@@ -16,7 +16,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import torch
@@ -158,28 +158,41 @@ def set_f32_rows_alone(alone: bool) -> bool:
     return torch.ops.pdserve.set_f32_rows_alone(alone)
 
 
+def best_times(ways: dict[Hashable, Callable[[], object]], rounds: int) -> dict[Hashable, float]:
+    """Each way's best time in seconds over ``rounds`` runs of every way, their order reversed
+    every other round, so that no way always runs right after the same one (a CPU's caches and
+    clock carry over from one to the next). How the loader chooses between kernels."""
+    best = dict.fromkeys(ways, math.inf)
+    for round_ in range(rounds):
+        for way in ways if round_ % 2 == 0 else reversed(ways):
+            start = time.perf_counter()
+            ways[way]()
+            best[way] = min(best[way], time.perf_counter() - start)
+    return best
+
+
 def choose_f32_row_reads(weights: list[torch.Tensor], rounds: int = 3) -> bool:
     """Times a one-row product over each of ``weights`` (a model's fp32 linears, [out, in]) with
     W's rows read one at a time and side by side, in ``rounds`` alternating rounds, and has the
     faster serve this process's few-row products (which CPU reads which way faster: linear.cpp).
     Both give the same bits. Returns whether W's rows are read one at a time."""
     rows = {w.shape[1]: torch.zeros(1, w.shape[1]) for w in weights}
-    best = {True: math.inf, False: math.inf}
-    for round_ in range(rounds):
-        for alone in (True, False) if round_ % 2 == 0 else (False, True):
-            set_f32_rows_alone(alone)
-            start = time.perf_counter()
-            for w in weights:
-                torch.ops.pdserve.linear(rows[w.shape[1]], w, None, None)
-            best[alone] = min(best[alone], time.perf_counter() - start)
+
+    def one_pass(alone: bool) -> None:
+        set_f32_rows_alone(alone)
+        for w in weights:
+            torch.ops.pdserve.linear(rows[w.shape[1]], w, None, None)
+
+    ways = {alone: functools.partial(one_pass, alone) for alone in (True, False)}
+    best = best_times(ways, rounds)
     alone = best[True] <= best[False]
     set_f32_rows_alone(alone)
-    ways = {True: "a row at a time", False: "rows side by side"}
+    names = {True: "a row at a time", False: "rows side by side"}
     logger.info(
         "fp32 products of one row read W %s: %.1f ms a pass over the weights (%s: %.1f ms)",
-        ways[alone],
+        names[alone],
         best[alone] * 1e3,
-        ways[not alone],
+        names[not alone],
         best[not alone] * 1e3,
     )
     return alone
